@@ -1,0 +1,625 @@
+//! `shoal`: the command-line tool of the shoal storage engine. Its `bench` command loads a
+//! workload, runs it with worker threads for a fixed time and reports throughput, aborts and
+//! latency, sweeping over every combination of the options given as comma-separated lists.
+//!
+//! ```text
+//! shoal bench                                  # TPC-B: 2pl at 1 and 2 threads, none at 1
+//! shoal bench tpcb --threads 1,2,4,8 --cc 2pl --duration 10 --json out.json
+//! shoal bench tpcc --warehouses 1,4 --threads 2 --cc 2pl,occ --duration 10
+//! shoal bench insert --threads 1,2,4 --cc 2pl
+//! ```
+
+mod dist;
+mod engine_opts;
+mod harness;
+mod html;
+mod report;
+mod rss;
+mod sweep;
+mod workloads;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+
+use engine_opts::{DeadlockArg, ElrArg, IntentArg, KeyModesArg, LockTableArg, VictimArg};
+use harness::{Cc, Log, Params};
+use report::Record;
+use sweep::{Axis, Sweep};
+use workloads::WorkloadKind;
+
+/// shoal: an in-memory transactional storage engine.
+#[derive(Debug, Parser)]
+#[command(name = "shoal", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+#[allow(clippy::large_enum_variant)] // parsed once per process
+enum Command {
+    /// Run a benchmark workload and print a table of throughput, aborts and latency.
+    ///
+    /// Every option that picks a variant or a number takes a comma-separated list (or may be
+    /// repeated); one process runs every combination and prints them side by side in one
+    /// table. Combinations that do not apply (`--cc none` with more than one thread) are
+    /// skipped with a note. After each run a consistency check verifies the data; if it
+    /// fails, the command exits non-zero.
+    Bench(BenchArgs),
+
+    /// Build one static HTML page (`DIR/index.html`) with every plot and run table that
+    /// `shoal exp` wrote to DIR, plus the machine it ran on. Works offline.
+    Report {
+        /// The results directory.
+        #[arg(default_value = "results")]
+        dir: PathBuf,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+struct BenchArgs {
+    /// The workload.
+    #[arg(value_enum, default_value = "tpcb")]
+    workload: WorkloadKind,
+
+    /// Concurrency control: `2pl` (two-phase locking), `occ` (Silo-style optimistic) or
+    /// `none` (no locks, transactions one at a time; single thread only).
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        value_name = "LIST",
+        default_value = "2pl,none"
+    )]
+    cc: Vec<Cc>,
+
+    /// Commit logging: `none` (no write-ahead log: measures concurrency control alone),
+    /// `sync` (commit waits for the log flush, group commit), `async` (commit returns once
+    /// logged in memory; flushed within 10 ms), `pipelined` (flush pipelining: commit returns
+    /// at once, locks are released when the commit is durable).
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        value_name = "LIST",
+        default_value = "none"
+    )]
+    log: Vec<Log>,
+
+    /// Worker threads (1 to 4096).
+    #[arg(long, value_delimiter = ',', value_name = "LIST", default_value = "1,2",
+          value_parser = clap::value_parser!(u64).range(1..=4096))]
+    threads: Vec<u64>,
+
+    /// TPC-B scale: branches, each with 10 tellers and 100,000 accounts.
+    #[arg(long, value_delimiter = ',', value_name = "LIST", default_value = "20",
+          value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    scale: Vec<u64>,
+
+    /// TPC-C warehouses (each with 10 districts of 3,000 customers and 100,000 stock rows).
+    #[arg(long, value_delimiter = ',', value_name = "LIST", default_value = "1",
+          value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    warehouses: Vec<u64>,
+
+    /// Probability (0 to 1) that each of the three balance updates of a TPC-B transaction
+    /// is a read of the same row instead.
+    #[arg(long, value_delimiter = ',', value_name = "LIST", default_value = "0", value_parser = parse_ratio)]
+    read_ratio: Vec<f64>,
+
+    /// Rows loaded: YCSB records (default 1,000,000), keyrange counters (default 200).
+    #[arg(long, value_delimiter = ',', value_name = "LIST",
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000_000))]
+    records: Option<Vec<u64>>,
+
+    /// keyrange: probability that a range search starts and ends on existing keys (else
+    /// both ends fall between keys).
+    #[arg(long, value_delimiter = ',', value_name = "LIST", default_value = "0.5", value_parser = parse_ratio)]
+    existing_endpoints: Vec<f64>,
+
+    /// YCSB: bytes in each of the ten fields of a record.
+    #[arg(long, value_delimiter = ',', value_name = "LIST", default_value = "100",
+          value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    field_size: Vec<u64>,
+
+    /// The transaction mix. TPC-C: `full` (default: 45% NewOrder, 43% Payment, 4% each
+    /// OrderStatus, Delivery, StockLevel) or one transaction alone (`new-order`, `payment`,
+    /// `order-status`, `delivery`, `stock-level`). YCSB: `a` (default: 50% read, 50%
+    /// update), `b` (95/5), `c` (read only), `d` (read latest, 5% insert), `e` (short scans,
+    /// 5% insert), `f` (read-modify-write).
+    #[arg(long, value_delimiter = ',', value_name = "LIST", value_parser = parse_mix)]
+    mix: Option<Vec<String>>,
+
+    /// Seed of the workers' random generators (each thread's seed derives from it).
+    #[arg(long, value_delimiter = ',', value_name = "LIST", default_value = "42")]
+    seed: Vec<u64>,
+
+    /// Seconds of measurement per run.
+    #[arg(long, value_name = "SECS", default_value = "3", value_parser = parse_positive_secs)]
+    duration: f64,
+
+    /// Seconds of warm-up before each measurement (not measured; its commits are checked).
+    #[arg(long, value_name = "SECS", default_value = "1", value_parser = parse_secs)]
+    warmup: f64,
+
+    /// Lock table for 2PL: `sharded` (default: hash-partitioned, one mutex per shard),
+    /// `latched` (one latch over the whole table: the baseline of Jung et al.) or
+    /// `latch-free` (Jung et al.'s staged lock table).
+    #[arg(long, value_enum, value_delimiter = ',', value_name = "LIST")]
+    lock_table: Option<Vec<LockTableArg>>,
+
+    /// Intent locks on tables and the database: `lil` (lightweight intent locks, the
+    /// default) or `table` (through the lock table).
+    #[arg(long, value_enum, value_delimiter = ',', value_name = "LIST")]
+    intent_locks: Option<Vec<IntentArg>>,
+
+    /// Key-range lock modes for 2PL: `graefe` (default), `lomet` or `sx` (S/X only).
+    #[arg(long, value_enum, value_delimiter = ',', value_name = "LIST")]
+    key_range_modes: Option<Vec<KeyModesArg>>,
+
+    /// Deadlock handling of the lock table (default `wait-for-graph`).
+    #[arg(long, value_enum, value_delimiter = ',', value_name = "LIST")]
+    deadlock: Option<Vec<DeadlockArg>>,
+
+    /// Which transaction of a deadlock is rolled back (default `kill-young`).
+    #[arg(long, value_enum, value_delimiter = ',', value_name = "LIST")]
+    victim: Option<Vec<VictimArg>>,
+
+    /// Early lock release (default `off`): `s` releases shared locks at the commit
+    /// request, `sx` all locks once the commit record is buffered (safe), `sx-unsafe`
+    /// without the read-only wait.
+    #[arg(long, value_enum, value_delimiter = ',', value_name = "LIST")]
+    elr: Option<Vec<ElrArg>>,
+
+    /// Extra delay per log flush on top of the real fsync, e.g. `10ms` (a disk) or `50us`.
+    #[arg(long, value_delimiter = ',', value_name = "LIST", value_parser = engine_opts::parse_latency)]
+    log_latency: Option<Vec<String>>,
+
+    /// Background checkpoint interval, e.g. `10s`, or `off` (default).
+    #[arg(long, value_delimiter = ',', value_name = "LIST", value_parser = engine_opts::parse_interval)]
+    checkpoint_interval: Option<Vec<String>>,
+
+    /// Longest wait for one lock before a transaction aborts (default 2s).
+    #[arg(long, value_delimiter = ',', value_name = "LIST", value_parser = engine_opts::parse_latency)]
+    lock_timeout: Option<Vec<String>>,
+
+    /// Put the log in DIR (a fresh subdirectory per database, removed afterwards)
+    /// instead of in the database directory.
+    #[arg(long, value_delimiter = ',', value_name = "LIST")]
+    log_dir: Option<Vec<PathBuf>>,
+
+    /// Zipfian key skew THETA (0 = uniform) for the hot keys (TPC-B: tellers, hence
+    /// branches; YCSB: records, default 0.99).
+    #[arg(long, value_delimiter = ',', value_name = "LIST", value_parser = dist::parse_theta)]
+    zipf: Option<Vec<f64>>,
+
+    /// Self-similar key skew H in (0, 0.5] (H = 0.2: 80% of the draws on 20% of the keys).
+    #[arg(long, value_delimiter = ',', value_name = "LIST", value_parser = dist::parse_h)]
+    self_similar: Option<Vec<f64>>,
+
+    /// txbench: rows in each of its three tables (Jung et al.: 100,000).
+    #[arg(long, value_delimiter = ',', value_name = "LIST", default_value = "100000",
+          value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    table_rows: Vec<u64>,
+
+    /// txbench: rows per range scan, S (Jung et al.: 10 and 100).
+    #[arg(long, value_delimiter = ',', value_name = "LIST", default_value = "10",
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    rows_per_scan: Vec<u64>,
+
+    /// txbench: probability (0 to 1) that a transaction is read-update (the scan, then
+    /// updates of 0.2·S rows of the next table) rather than read-only.
+    #[arg(long, value_delimiter = ',', value_name = "LIST", default_value = "0", value_parser = parse_ratio)]
+    update_fraction: Vec<f64>,
+
+    /// txbench: confine every access to the first 5% of each table's rows. `--hotspot` alone
+    /// means `on`; `--hotspot off,on` runs both.
+    #[arg(long, value_enum, value_delimiter = ',', value_name = "LIST", num_args = 0..=1,
+          default_missing_value = "on")]
+    hotspot: Option<Vec<workloads::txbench::Hotspot>>,
+
+    /// intents: transactions per million that take an absolute X lock (on one table, or on
+    /// the database for one in four of them) instead of IS/IX on every table.
+    #[arg(long, value_delimiter = ',', value_name = "LIST", default_value = "0",
+          value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
+    absolute_locks: Vec<u64>,
+
+    /// Database directory (created if missing; kept). Default: a fresh temporary directory
+    /// per loaded database, removed afterwards.
+    #[arg(long, value_name = "DIR")]
+    db: Option<PathBuf>,
+
+    /// Write the results as one JSON array (one object per run) to FILE.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+
+    /// Write each run's latency histogram (all transactions, and each type) to DIR as
+    /// HdrHistogram percentile-distribution text (`.hgrm`, readable by HdrHistogram's
+    /// plotter), one file per run and type, named after the run number and its options.
+    #[arg(long, value_name = "DIR")]
+    hdr_out: Option<PathBuf>,
+
+    /// Hide the progress bars.
+    #[arg(long)]
+    no_progress: bool,
+}
+
+fn parse_mix(s: &str) -> Result<String, String> {
+    let m = s.trim().to_ascii_lowercase();
+    if workloads::tpcc::Mix::parse(&m).is_some() || workloads::ycsb::Mix::parse(&m).is_some() {
+        Ok(m)
+    } else {
+        Err(format!("{s:?} is no transaction mix (TPC-C: full, new-order, payment, order-status, delivery, stock-level; YCSB: a to f)"))
+    }
+}
+
+fn parse_ratio(s: &str) -> Result<f64, String> {
+    let v: f64 = s.trim().parse().map_err(|e| format!("{e}"))?;
+    if (0.0..=1.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!("{v} is not between 0 and 1"))
+    }
+}
+
+fn parse_secs(s: &str) -> Result<f64, String> {
+    let v: f64 = s.trim().parse().map_err(|e| format!("{e}"))?;
+    if v.is_finite() && (0.0..=1e6).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!("{v} is not a number of seconds between 0 and 1e6"))
+    }
+}
+
+fn parse_positive_secs(s: &str) -> Result<f64, String> {
+    let v = parse_secs(s)?;
+    if v > 0.0 {
+        Ok(v)
+    } else {
+        Err("must be more than 0".into())
+    }
+}
+
+impl BenchArgs {
+    /// The swept options. Options that change the database (its options or its data) come
+    /// first so that runs sharing a loaded database are adjacent.
+    fn sweep(&self) -> Sweep {
+        let mut axes = Vec::new();
+        match self.workload {
+            WorkloadKind::Tpcb => axes.push(Axis::new("scale", true, self.scale.iter().copied())),
+            WorkloadKind::Tpcc => {
+                let w = self.warehouses.iter().copied();
+                axes.push(Axis::new("warehouses", true, w));
+            }
+            _ => {}
+        }
+        if self.workload == WorkloadKind::Ycsb {
+            let r = self.records.clone().unwrap_or_else(|| vec![1_000_000]);
+            axes.push(Axis::new("records", true, r));
+            let f = self.field_size.iter().copied();
+            axes.push(Axis::new("field-size", true, f));
+        }
+        if self.workload == WorkloadKind::Keyrange {
+            let r = self.records.clone().unwrap_or_else(|| vec![200]);
+            axes.push(Axis::new("records", true, r));
+        }
+        axes.push(Axis::new("cc", true, self.cc.iter().map(|c| c.name())));
+        axes.push(Axis::new("log", true, self.log.iter().map(|l| l.name())));
+        // Engine options become axes only when given, so that runs name what was chosen.
+        fn names<T: Copy>(v: &Option<Vec<T>>, f: impl Fn(T) -> String) -> Option<Vec<String>> {
+            v.as_ref().map(|v| v.iter().map(|x| f(*x)).collect())
+        }
+        let engine: [(&'static str, Option<Vec<String>>); 10] = [
+            ("lock-table", names(&self.lock_table, LockTableArg::name)),
+            ("intent-locks", names(&self.intent_locks, IntentArg::name)),
+            (
+                "key-range-modes",
+                names(&self.key_range_modes, KeyModesArg::name),
+            ),
+            ("deadlock", names(&self.deadlock, DeadlockArg::name)),
+            ("victim", names(&self.victim, VictimArg::name)),
+            ("elr", names(&self.elr, ElrArg::name)),
+            ("log-latency", self.log_latency.clone()),
+            ("checkpoint-interval", self.checkpoint_interval.clone()),
+            ("lock-timeout", self.lock_timeout.clone()),
+            (
+                "log-dir",
+                self.log_dir
+                    .as_ref()
+                    .map(|v| v.iter().map(|p| p.display().to_string()).collect()),
+            ),
+        ];
+        for (name, values) in engine {
+            if let Some(v) = values {
+                axes.push(Axis::new(name, true, v.iter().map(String::as_str)));
+            }
+        }
+        match self.workload {
+            WorkloadKind::Txbench => {
+                axes.insert(
+                    0,
+                    Axis::new("table-rows", true, self.table_rows.iter().copied()),
+                );
+                axes.push(Axis::new(
+                    "rows-per-scan",
+                    false,
+                    self.rows_per_scan.iter().copied(),
+                ));
+                axes.push(Axis::new(
+                    "update-fraction",
+                    false,
+                    self.update_fraction.iter().copied(),
+                ));
+                let hot = self.hotspot.clone().unwrap_or_default();
+                if !hot.is_empty() {
+                    axes.push(Axis::new("hotspot", false, hot.iter().map(|h| h.name())));
+                }
+            }
+            WorkloadKind::Intents => axes.push(Axis::new(
+                "absolute-locks",
+                false,
+                self.absolute_locks.iter().copied(),
+            )),
+            _ => {}
+        }
+        axes.push(Axis::new("threads", false, self.threads.iter().copied()));
+        if self.workload == WorkloadKind::Tpcb {
+            axes.push(Axis::new(
+                "read-ratio",
+                false,
+                self.read_ratio.iter().copied(),
+            ));
+        }
+        if self.workload == WorkloadKind::Keyrange {
+            let e = self.existing_endpoints.iter().copied();
+            axes.push(Axis::new("existing-endpoints", false, e));
+        }
+        match (&self.mix, self.workload) {
+            (Some(m), _) => axes.push(Axis::new("mix", false, m.iter().map(String::as_str))),
+            (None, WorkloadKind::Tpcc) => axes.push(Axis::new("mix", false, ["full"])),
+            (None, _) => {}
+        }
+        let mut dists: Vec<String> = Vec::new();
+        for t in self.zipf.iter().flatten() {
+            dists.push(dist::KeyDist::Zipf(*t).describe());
+        }
+        for h in self.self_similar.iter().flatten() {
+            dists.push(dist::KeyDist::SelfSimilar(*h).describe());
+        }
+        if !dists.is_empty() {
+            axes.push(Axis::new("dist", false, dists.iter().map(String::as_str)));
+        }
+        axes.push(Axis::new("seed", false, self.seed.iter().copied()));
+        Sweep { axes }
+    }
+
+    fn params(&self) -> Params {
+        Params {
+            workload: self.workload,
+            warmup: Duration::from_secs_f64(self.warmup),
+            duration: Duration::from_secs_f64(self.duration),
+            db_dir: self.db.clone(),
+            progress: !self.no_progress,
+        }
+    }
+}
+
+fn bench(args: &BenchArgs) -> anyhow::Result<()> {
+    for m in args.mix.iter().flatten() {
+        let ok = match args.workload {
+            WorkloadKind::Ycsb => workloads::ycsb::Mix::parse(m).is_some(),
+            WorkloadKind::Tpcc => workloads::tpcc::Mix::parse(m).is_some(),
+            WorkloadKind::Tpcb
+            | WorkloadKind::Keyrange
+            | WorkloadKind::Insert
+            | WorkloadKind::Txbench
+            | WorkloadKind::Intents => false,
+        };
+        if !ok {
+            anyhow::bail!("--mix {m} does not apply to {}", args.workload.name());
+        }
+    }
+    let sweep = args.sweep();
+    let params = args.params();
+    let plan = harness::plan(&sweep)?;
+    for note in &plan.skipped {
+        println!("note: {note}");
+    }
+    if plan.runs.is_empty() {
+        anyhow::bail!("no combination of the options given can run");
+    }
+    let mut records: Vec<Record> = Vec::new();
+    if let Some(path) = &args.json {
+        // Fail before loading anything if the file cannot be written.
+        report::write_json(path, &records)?;
+    }
+    if let Some(dir) = &args.hdr_out {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| anyhow::anyhow!("creating {}: {e}", dir.display()))?;
+    }
+    let res = harness::run_plan(&params, &plan, |r| {
+        if let Some(dir) = &args.hdr_out {
+            report::write_hgrm(dir, records.len(), r)?;
+        }
+        records.push(Record::new(&params, r));
+        if let Some(path) = &args.json {
+            report::write_json(path, &records)?;
+        }
+        Ok(())
+    });
+    if !records.is_empty() {
+        print!("{}", report::render_table(&params, &sweep, &records));
+    }
+    if let (Some(path), true) = (&args.json, res.is_ok()) {
+        eprintln!("wrote {} records to {}", records.len(), path.display());
+    }
+    res
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let res = match &cli.command {
+        Command::Bench(args) => bench(args),
+        Command::Report { dir } => html::build(dir).map(|p| println!("wrote {}", p.display())),
+    };
+    match res {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+    use sweep::Value;
+
+    fn parse(args: &[&str]) -> Result<BenchArgs, clap::Error> {
+        let mut v = vec!["shoal", "bench"];
+        v.extend_from_slice(args);
+        Cli::try_parse_from(v).map(|c| match c.command {
+            Command::Bench(b) => b,
+            other => panic!("not a bench command: {other:?}"),
+        })
+    }
+
+    #[test]
+    fn cli_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn defaults_are_the_short_tpcb_run() {
+        let a = parse(&[]).unwrap();
+        assert_eq!(a.workload, WorkloadKind::Tpcb);
+        assert_eq!(a.cc, [Cc::TwoPl, Cc::None]);
+        assert_eq!(a.threads, [1, 2]);
+        assert_eq!(a.scale, [20]);
+        assert_eq!(a.log, [Log::None]);
+        assert_eq!((a.warmup, a.duration), (1.0, 3.0));
+        let plan = harness::plan(&a.sweep()).unwrap();
+        let runs: Vec<(Cc, usize)> = plan.runs.iter().map(|(c, _)| (c.cc, c.threads)).collect();
+        assert_eq!(runs, [(Cc::TwoPl, 1), (Cc::TwoPl, 2), (Cc::None, 1)]);
+        assert_eq!(plan.skipped.len(), 1);
+    }
+
+    #[test]
+    fn lists_parse_and_dedupe() {
+        let a = parse(&[
+            "tpcb",
+            "--threads",
+            "1,2,4,2",
+            "--cc",
+            "none,2pl",
+            "--read-ratio",
+            "0,0.5",
+            "--scale",
+            "1",
+            "--seed",
+            "1,2",
+            "--log",
+            "none,sync,async,pipelined",
+        ])
+        .unwrap();
+        assert_eq!(a.threads, [1, 2, 4, 2]);
+        let s = a.sweep();
+        assert_eq!(s.axis("threads").unwrap().values.len(), 3);
+        assert_eq!(
+            s.axis("cc").unwrap().values,
+            [Value::from("none"), Value::from("2pl")]
+        );
+        assert_eq!(s.axis("read-ratio").unwrap().values.len(), 2);
+        assert_eq!(s.axis("log").unwrap().values.len(), 4);
+        assert_eq!(s.points().len(), 3 * 2 * 2 * 2 * 4);
+        // Repeating the option works as well as a list.
+        let b = parse(&["--threads", "1", "--threads", "8"]).unwrap();
+        assert_eq!(b.threads, [1, 8]);
+    }
+
+    #[test]
+    fn tpcc_sweeps_warehouses_and_mixes() {
+        let a = parse(&[
+            "tpcc",
+            "--warehouses",
+            "1,4",
+            "--mix",
+            "full,payment",
+            "--cc",
+            "2pl",
+            "--threads",
+            "2",
+        ])
+        .unwrap();
+        assert_eq!(a.workload, WorkloadKind::Tpcc);
+        let s = a.sweep();
+        assert!(s.axis("scale").is_none());
+        assert_eq!(s.axis("warehouses").unwrap().values.len(), 2);
+        assert_eq!(
+            s.axis("mix").unwrap().values,
+            [Value::from("full"), Value::from("payment")]
+        );
+        let plan = harness::plan(&s).unwrap();
+        let runs: Vec<(u64, &str)> = plan
+            .runs
+            .iter()
+            .map(|(c, _)| (c.scale, c.mix.as_deref().unwrap_or("-")))
+            .collect();
+        assert_eq!(
+            runs,
+            [(1, "full"), (1, "payment"), (4, "full"), (4, "payment")]
+        );
+        // The two mixes share one load per warehouse count.
+        assert_eq!(plan.runs[0].1, plan.runs[1].1);
+        assert_ne!(plan.runs[1].1, plan.runs[2].1);
+        // TPC-B keeps --scale and has no mix axis.
+        let b = parse(&["tpcb"]).unwrap().sweep();
+        assert!(b.axis("scale").is_some() && b.axis("mix").is_none());
+    }
+
+    #[test]
+    fn lock_experiment_command_lines_parse() {
+        for quick in [true, false] {
+            let all = workloads::lockexp::e2(quick)
+                .into_iter()
+                .chain(workloads::lockexp::e7(quick));
+            for a in all {
+                let a: Vec<&str> = a.iter().map(String::as_str).collect();
+                let b = parse(&a).unwrap_or_else(|e| panic!("{a:?}: {e}"));
+                assert!(!harness::plan(&b.sweep()).unwrap().runs.is_empty());
+            }
+        }
+        let b = parse(&["txbench", "--hotspot", "--threads", "1"]).unwrap();
+        assert_eq!(
+            b.sweep().axis("hotspot").unwrap().values,
+            [Value::from("on")]
+        );
+        let b = parse(&["intents", "--absolute-locks", "0,10"]).unwrap();
+        assert_eq!(b.sweep().axis("absolute-locks").unwrap().values.len(), 2);
+    }
+
+    #[test]
+    fn bad_values_are_refused() {
+        for bad in [
+            &["--threads", "0"][..],
+            &["--threads", "1,,2"],
+            &["--threads", "x"],
+            &["--cc", "mvcc"],
+            &["--log", "fast"],
+            &["--read-ratio", "1.5"],
+            &["--scale", "0"],
+            &["--duration", "0"],
+            &["--warmup", "-1"],
+            &["tpcd"],
+            &["tpcc", "--mix", "bogus"],
+            &["tpcc", "--warehouses", "0"],
+        ] {
+            assert!(parse(bad).is_err(), "accepted {bad:?}");
+        }
+        assert_eq!(parse(&["--cc", "serial"]).unwrap().cc, [Cc::None]);
+    }
+}

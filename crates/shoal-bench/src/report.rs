@@ -1,0 +1,667 @@
+//! Results: one [`Record`] per run, printed as a table and written as JSON.
+//!
+//! `--json FILE` writes a single JSON **array** with one object per run, in run order. The file
+//! is rewritten after every run, so it holds the finished runs even if a later one fails.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use anyhow::Context;
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+use crate::harness::{Params, RunResult, TypeStats};
+use crate::sweep::{json_name, Sweep, Value};
+
+/// Latency percentiles of committed transactions, retries included, in microseconds.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Latency {
+    /// Median.
+    pub p50: f64,
+    /// 90th percentile.
+    pub p90: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// 99.9th percentile.
+    pub p999: f64,
+    /// Largest.
+    pub max: f64,
+    /// Mean.
+    pub mean: f64,
+}
+
+impl Latency {
+    /// Percentiles of a histogram of nanoseconds, in microseconds.
+    pub fn from_ns(h: &Histogram<u64>) -> Latency {
+        if h.is_empty() {
+            return Latency::default();
+        }
+        let us = |ns: f64| (ns / 100.0).round() / 10.0;
+        Latency {
+            p50: us(h.value_at_quantile(0.5) as f64),
+            p90: us(h.value_at_quantile(0.9) as f64),
+            p99: us(h.value_at_quantile(0.99) as f64),
+            p999: us(h.value_at_quantile(0.999) as f64),
+            max: us(h.max() as f64),
+            mean: us(h.mean()),
+        }
+    }
+}
+
+/// One transaction type's measurements in a run's JSON record.
+#[derive(Clone, Debug, Serialize)]
+pub struct TypeRecord {
+    /// The transaction type, e.g. `new-order`.
+    #[serde(rename = "type")]
+    pub name: String,
+    /// Commits in the measurement window.
+    pub committed: u64,
+    /// Expected rollbacks in the measurement window (TPC-C NewOrder's invalid item).
+    pub rolled_back: u64,
+    /// Aborts (each retried) in the measurement window.
+    pub aborted: u64,
+    /// Aborts by deadlock.
+    pub aborted_deadlock: u64,
+    /// Aborts by lock timeout.
+    pub aborted_lock_timeout: u64,
+    /// Aborts by optimistic conflict.
+    pub aborted_conflict: u64,
+    /// Aborts per attempt: aborted / (committed + rolled back + aborted), 0 to 1.
+    pub abort_rate: f64,
+    /// Commits per second in the measurement window.
+    pub throughput: f64,
+    /// Latency percentiles of the type's commits in microseconds.
+    pub latency_us: Latency,
+}
+
+impl TypeRecord {
+    /// The record of one type's statistics over a window of `secs` seconds.
+    pub fn new(t: &TypeStats, secs: f64) -> TypeRecord {
+        let aborted = t.aborted();
+        let attempts = t.committed + t.rolled_back + aborted;
+        TypeRecord {
+            name: t.name.to_string(),
+            committed: t.committed,
+            rolled_back: t.rolled_back,
+            aborted,
+            aborted_deadlock: t.aborts[0],
+            aborted_lock_timeout: t.aborts[1],
+            aborted_conflict: t.aborts[2],
+            abort_rate: if attempts == 0 {
+                0.0
+            } else {
+                (aborted as f64 / attempts as f64 * 1e6).round() / 1e6
+            },
+            throughput: if secs > 0.0 {
+                (t.committed as f64 / secs * 10.0).round() / 10.0
+            } else {
+                0.0
+            },
+            latency_us: Latency::from_ns(&t.latency_ns),
+        }
+    }
+}
+
+/// One run's JSON record.
+#[derive(Clone, Debug, Serialize)]
+pub struct Record {
+    /// Workload name, e.g. `tpcb`.
+    pub workload: String,
+    /// Always `shoal`.
+    pub engine: &'static str,
+    /// The shoal version the binary was built with.
+    pub engine_version: &'static str,
+    /// Every swept option's value, keyed by its name with `-` → `_` (`cc`, `threads`,
+    /// `scale`, `read_ratio`, `seed`, …).
+    #[serde(flatten)]
+    pub options: BTreeMap<String, Value>,
+    /// Every engine option of the run's database (swept or default), as the engine prints it.
+    pub engine_options: String,
+    /// Configured measurement window, seconds.
+    pub duration_s: f64,
+    /// Configured warm-up, seconds.
+    pub warmup_s: f64,
+    /// Actual measurement window, seconds (throughput divides by this).
+    pub measured_s: f64,
+    /// Commits in the measurement window.
+    pub committed: u64,
+    /// Aborts (each retried) in the measurement window.
+    pub aborted: u64,
+    /// Aborts by deadlock.
+    pub aborted_deadlock: u64,
+    /// Aborts by lock timeout.
+    pub aborted_lock_timeout: u64,
+    /// Aborts by optimistic conflict.
+    pub aborted_conflict: u64,
+    /// Expected rollbacks in the measurement window (not retried, not failures).
+    pub rolled_back: u64,
+    /// Commits per second in the measurement window.
+    pub throughput: f64,
+    /// Latency percentiles in microseconds.
+    pub latency_us: Latency,
+    /// The same measurements per transaction type, in the workload's order.
+    pub per_type: Vec<TypeRecord>,
+    /// Commits in the whole run, warm-up included.
+    pub total_committed: u64,
+    /// Whether the consistency check passed.
+    pub consistent: bool,
+    /// The consistency check's summary or failure.
+    pub check: String,
+    /// Which run on its loaded database this was (0 = right after the load).
+    pub db_run: usize,
+    /// Seconds its database took to load.
+    pub load_s: f64,
+    /// Resident memory (KiB) at the start of the run, database loaded.
+    pub rss_start_kb: Option<u64>,
+    /// Resident memory (KiB) at the end of the measurement window.
+    pub rss_end_kb: Option<u64>,
+    /// Peak resident memory (KiB) during the run.
+    pub peak_rss_kb: Option<u64>,
+}
+
+impl Record {
+    /// The record of a finished run.
+    pub fn new(params: &Params, r: &RunResult) -> Record {
+        let s = &r.stats;
+        Record {
+            workload: params.workload.name().to_string(),
+            engine: "shoal",
+            engine_version: env!("CARGO_PKG_VERSION"),
+            options: {
+                // The engine options not swept, at their effective values, then the sweep
+                // point (which names the swept ones as given).
+                let mut o: BTreeMap<String, Value> = crate::engine_opts::describe(&r.cfg.options)
+                    .into_iter()
+                    .map(|(n, v)| (json_name(n), Value::Text(v)))
+                    .collect();
+                o.extend(r.cfg.point.0.iter().map(|(n, v)| (json_name(n), v.clone())));
+                o
+            },
+            engine_options: format!("{:?}", r.cfg.options),
+            duration_s: params.duration.as_secs_f64(),
+            warmup_s: params.warmup.as_secs_f64(),
+            measured_s: s.measured.as_secs_f64(),
+            committed: s.committed,
+            aborted: s.aborted(),
+            aborted_deadlock: s.aborts[0],
+            aborted_lock_timeout: s.aborts[1],
+            aborted_conflict: s.aborts[2],
+            rolled_back: s.rolled_back,
+            throughput: (s.throughput() * 10.0).round() / 10.0,
+            latency_us: Latency::from_ns(&s.latency_ns),
+            per_type: s
+                .per_type
+                .iter()
+                .map(|t| TypeRecord::new(t, s.measured.as_secs_f64()))
+                .collect(),
+            total_committed: s.total_committed,
+            consistent: r.check.is_ok(),
+            check: match &r.check {
+                Ok(m) | Err(m) => m.clone(),
+            },
+            db_run: r.db_run,
+            load_s: (r.load_s * 1000.0).round() / 1000.0,
+            rss_start_kb: s.rss_start_kb,
+            rss_end_kb: s.rss_end_kb,
+            peak_rss_kb: s.peak_rss_kb,
+        }
+    }
+}
+
+/// Formats a histogram of nanoseconds as HdrHistogram's percentile distribution text, in
+/// microseconds (5 ticks per half distance, as HdrHistogram's `outputPercentileDistribution`).
+pub fn hgrm(h: &Histogram<u64>) -> String {
+    use std::fmt::Write;
+    let mut out = format!(
+        "{:>12} {:>14} {:>10} {:>14}\n\n",
+        "Value", "Percentile", "TotalCount", "1/(1-Percentile)"
+    );
+    let mut total = 0u64;
+    for v in h.iter_quantiles(5) {
+        total += v.count_since_last_iteration();
+        let q = v.quantile_iterated_to();
+        let inv = if q < 1.0 {
+            format!("{:>14.2}", 1.0 / (1.0 - q))
+        } else {
+            format!("{:>14}", "")
+        };
+        let _ = writeln!(
+            out,
+            "{:>12.3} {:>2.12} {:>10} {inv}",
+            v.value_iterated_to() as f64 / 1000.0,
+            q,
+            total
+        );
+    }
+    let _ = write!(
+        out,
+        "#[Mean    = {:>12.3}, StdDeviation   = {:>12.3}]\n\
+         #[Max     = {:>12.3}, Total count    = {:>12}]\n",
+        h.mean() / 1000.0,
+        h.stdev() / 1000.0,
+        h.max() as f64 / 1000.0,
+        h.len(),
+    );
+    out
+}
+
+/// Writes run number `n`'s latency histograms to `dir` as `.hgrm` files: `NNN-OPTIONS.hgrm`
+/// for all transactions and `NNN-OPTIONS-TYPE.hgrm` per type when there are several.
+pub fn write_hgrm(dir: &Path, n: usize, r: &RunResult) -> anyhow::Result<()> {
+    let name: String = r
+        .cfg
+        .point
+        .0
+        .iter()
+        .map(|(k, v)| format!("{k}-{v}"))
+        .collect::<Vec<_>>()
+        .join("_")
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "-_.".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let mut files = vec![(format!("{n:03}-{name}.hgrm"), &r.stats.latency_ns)];
+    if r.stats.per_type.len() > 1 {
+        for t in &r.stats.per_type {
+            files.push((format!("{n:03}-{name}-{}.hgrm", t.name), &t.latency_ns));
+        }
+    }
+    for (f, h) in files {
+        let path = dir.join(f);
+        std::fs::write(&path, hgrm(h)).with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// Writes `records` to `path` as one JSON array.
+pub fn write_json(path: &Path, records: &[Record]) -> anyhow::Result<()> {
+    let mut text = serde_json::to_string_pretty(records)?;
+    text.push('\n');
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+/// The options shown as table columns: those given more than one value, plus `cc` and
+/// `threads` always.
+fn column_axes(sweep: &Sweep) -> Vec<&'static str> {
+    sweep
+        .axes
+        .iter()
+        .filter(|a| a.values.len() > 1 || a.name == "cc" || a.name == "threads")
+        .map(|a| a.name)
+        .collect()
+}
+
+/// The results table: a heading naming the settings common to all runs, then one row per run.
+pub fn render_table(params: &Params, sweep: &Sweep, records: &[Record]) -> String {
+    let cols = column_axes(sweep);
+    let fixed: Vec<String> = sweep
+        .axes
+        .iter()
+        .filter(|a| !cols.contains(&a.name))
+        .map(|a| {
+            let v: Vec<String> = a.values.iter().map(Value::to_string).collect();
+            format!("{}={}", a.name, v.join(","))
+        })
+        .collect();
+    let mut out = format!(
+        "{} on shoal {}: {}; warmup {} s, measured {} s per run\n",
+        params.workload.name(),
+        env!("CARGO_PKG_VERSION"),
+        fixed.join(" "),
+        params.warmup.as_secs_f64(),
+        params.duration.as_secs_f64(),
+    );
+    let mut header: Vec<String> = cols.iter().map(|c| c.to_string()).collect();
+    header.extend(
+        [
+            "tps",
+            "commits",
+            "aborts",
+            "deadlock",
+            "timeout",
+            "conflict",
+            "p50 µs",
+            "p99 µs",
+            "p99.9 µs",
+            "max µs",
+            "rss MiB",
+            "check",
+        ]
+        .map(String::from),
+    );
+    let mut rows = vec![header];
+    for r in records {
+        let mut row: Vec<String> = cols
+            .iter()
+            .map(|c| {
+                r.options
+                    .get(&json_name(c))
+                    .map_or_else(|| "-".to_string(), Value::to_string)
+            })
+            .collect();
+        let l = &r.latency_us;
+        row.extend([
+            format!("{:.0}", r.throughput),
+            r.committed.to_string(),
+            r.aborted.to_string(),
+            r.aborted_deadlock.to_string(),
+            r.aborted_lock_timeout.to_string(),
+            r.aborted_conflict.to_string(),
+            format!("{:.1}", l.p50),
+            format!("{:.1}", l.p99),
+            format!("{:.1}", l.p999),
+            format!("{:.1}", l.max),
+            r.rss_end_kb
+                .map_or_else(|| "-".to_string(), |k| format!("{:.0}", k as f64 / 1024.0)),
+            if r.consistent { "ok" } else { "FAILED" }.to_string(),
+        ]);
+        rows.push(row);
+    }
+    push_aligned(&mut out, &rows);
+    if records.iter().any(|r| r.per_type.len() > 1) {
+        out.push_str("\nper transaction type (abort% = aborts per attempt):\n");
+        out.push_str(&render_per_type(&cols, records));
+    }
+    out
+}
+
+/// The per-transaction-type table: one row per run and type.
+fn render_per_type(cols: &[&'static str], records: &[Record]) -> String {
+    let mut header: Vec<String> = cols.iter().map(|c| c.to_string()).collect();
+    header.extend(
+        [
+            "type",
+            "tps",
+            "commits",
+            "rollbacks",
+            "aborts",
+            "deadlock",
+            "timeout",
+            "conflict",
+            "abort%",
+            "p50 µs",
+            "p90 µs",
+            "p99 µs",
+            "p99.9 µs",
+            "max µs",
+        ]
+        .map(String::from),
+    );
+    let mut rows = vec![header];
+    for r in records {
+        // Types the mix never drew (e.g. `--mix payment`) are left out.
+        for t in r
+            .per_type
+            .iter()
+            .filter(|t| t.committed + t.rolled_back + t.aborted > 0)
+        {
+            let mut row: Vec<String> = cols
+                .iter()
+                .map(|c| {
+                    r.options
+                        .get(&json_name(c))
+                        .map_or_else(|| "-".to_string(), Value::to_string)
+                })
+                .collect();
+            let l = &t.latency_us;
+            row.extend([
+                t.name.clone(),
+                format!("{:.0}", t.throughput),
+                t.committed.to_string(),
+                t.rolled_back.to_string(),
+                t.aborted.to_string(),
+                t.aborted_deadlock.to_string(),
+                t.aborted_lock_timeout.to_string(),
+                t.aborted_conflict.to_string(),
+                format!("{:.2}", t.abort_rate * 100.0),
+                format!("{:.1}", l.p50),
+                format!("{:.1}", l.p90),
+                format!("{:.1}", l.p99),
+                format!("{:.1}", l.p999),
+                format!("{:.1}", l.max),
+            ]);
+            rows.push(row);
+        }
+    }
+    let mut out = String::new();
+    push_aligned(&mut out, &rows);
+    out
+}
+
+/// Appends `rows` right-aligned in columns, with a rule under the first (header) row.
+fn push_aligned(out: &mut String, rows: &[Vec<String>]) {
+    let ncol = rows[0].len();
+    let widths: Vec<usize> = (0..ncol)
+        .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
+        .collect();
+    for (n, row) in rows.iter().enumerate() {
+        let cells: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:>w$}"))
+            .collect();
+        out.push_str(cells.join("  ").trim_end());
+        out.push('\n');
+        if n == 0 {
+            let total = widths.iter().sum::<usize>() + 2 * (ncol - 1);
+            out.push_str(&"-".repeat(total));
+            out.push('\n');
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hgrm_lists_percentiles_up_to_the_max() {
+        let mut h = Histogram::<u64>::new_with_bounds(1, 1 << 40, 3).unwrap();
+        for v in 1..=1000u64 {
+            h.record(v * 1000).unwrap(); // 1..1000 µs
+        }
+        let text = hgrm(&h);
+        let rows: Vec<&str> = text
+            .lines()
+            .skip(2)
+            .take_while(|l| !l.starts_with('#'))
+            .collect();
+        assert!(rows.len() > 20, "{text}");
+        let last: Vec<&str> = rows.last().unwrap().split_whitespace().collect();
+        assert_eq!(last[2], "1000", "{text}");
+        assert!(last[0].starts_with("100"), "{text}");
+        assert!(text.contains("Total count    =         1000"), "{text}");
+    }
+    use crate::harness::{plan, RunStats};
+    use crate::sweep::Axis;
+    use crate::workloads::WorkloadKind;
+    use std::time::Duration;
+
+    fn params() -> Params {
+        Params {
+            workload: WorkloadKind::Tpcb,
+            warmup: Duration::from_secs(1),
+            duration: Duration::from_secs(3),
+            db_dir: None,
+            progress: false,
+        }
+    }
+
+    fn sweep() -> Sweep {
+        Sweep {
+            axes: vec![
+                Axis::new("scale", true, [2u64]),
+                Axis::new("cc", true, ["2pl"]),
+                Axis::new("log", true, ["sync"]),
+                Axis::new("threads", false, [1u64, 8]),
+                Axis::new("read-ratio", false, [0.0, 0.25]),
+                Axis::new("seed", false, [7u64]),
+            ],
+        }
+    }
+
+    fn records() -> Vec<Record> {
+        plan(&sweep())
+            .unwrap()
+            .runs
+            .into_iter()
+            .enumerate()
+            .map(|(i, (cfg, _))| {
+                let mut h = Histogram::new_with_bounds(1, 1 << 40, 3).unwrap();
+                for ns in [1_000u64, 2_000, 3_000, 50_000] {
+                    h.record(ns).unwrap();
+                }
+                let res = RunResult {
+                    cfg,
+                    stats: RunStats {
+                        committed: 4,
+                        total_committed: 5,
+                        aborts: [1, 2, 0],
+                        measured: Duration::from_secs(2),
+                        latency_ns: h.clone(),
+                        per_thread: vec![5],
+                        rolled_back: 0,
+                        per_type: vec![TypeStats {
+                            name: "txn",
+                            committed: 4,
+                            rolled_back: 0,
+                            aborts: [1, 2, 0],
+                            latency_ns: h,
+                        }],
+                        rss_start_kb: Some(2048),
+                        rss_end_kb: Some(4096),
+                        peak_rss_kb: None,
+                    },
+                    check: if i == 3 {
+                        Err("bad".into())
+                    } else {
+                        Ok("fine".into())
+                    },
+                    db_run: i,
+                    load_s: 0.5,
+                };
+                Record::new(&params(), &res)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn json_record_has_the_promised_fields() {
+        let recs = records();
+        let v = serde_json::to_value(&recs).unwrap();
+        let arr = v.as_array().unwrap();
+        assert_eq!(arr.len(), 4);
+        let r = arr[1].as_object().unwrap();
+        for f in [
+            "workload",
+            "engine",
+            "engine_version",
+            "cc",
+            "log",
+            "threads",
+            "scale",
+            "read_ratio",
+            "seed",
+            "duration_s",
+            "warmup_s",
+            "committed",
+            "aborted",
+            "aborted_deadlock",
+            "aborted_lock_timeout",
+            "aborted_conflict",
+            "throughput",
+            "latency_us",
+            "consistent",
+        ] {
+            assert!(r.contains_key(f), "missing {f}: {r:?}");
+        }
+        assert_eq!(r["workload"], "tpcb");
+        assert_eq!(r["engine"], "shoal");
+        assert_eq!(r["cc"], "2pl");
+        assert_eq!(r["threads"], 1);
+        assert_eq!(r["read_ratio"], 0.25);
+        assert_eq!(r["scale"], 2);
+        assert_eq!(r["committed"], 4);
+        assert_eq!(r["aborted"], 3);
+        assert_eq!(r["throughput"], 2.0);
+        let l = r["latency_us"].as_object().unwrap();
+        for f in ["p50", "p99", "p999", "max"] {
+            assert!(l.contains_key(f), "missing latency_us.{f}");
+        }
+        assert_eq!(l["p50"], 2.0);
+        assert_eq!(l["max"], 50.0);
+        assert_eq!(arr[3]["consistent"], false);
+    }
+
+    #[test]
+    fn per_type_records_and_table() {
+        let mut recs = records();
+        let r = &recs[0];
+        assert_eq!(r.per_type.len(), 1);
+        assert_eq!(r.per_type[0].name, "txn");
+        assert!((r.per_type[0].abort_rate - 3.0 / 7.0).abs() < 1e-5);
+        // One type: no second table.
+        assert!(!render_table(&params(), &sweep(), &recs).contains("per transaction type"));
+        let mut t = TypeStats::new("payment");
+        t.committed = 10;
+        t.rolled_back = 2;
+        t.aborts = [1, 0, 1];
+        t.latency_ns.record(5_000).unwrap();
+        let tr = TypeRecord::new(&t, 2.0);
+        assert_eq!((tr.aborted, tr.throughput), (2, 5.0));
+        assert!((tr.abort_rate - 2.0 / 14.0).abs() < 1e-5);
+        assert_eq!(tr.latency_us.p90, 5.0);
+        for r in &mut recs {
+            r.per_type.push(tr.clone());
+        }
+        let v = serde_json::to_value(&recs[0]).unwrap();
+        assert_eq!(v["per_type"][1]["type"], "payment");
+        assert_eq!(v["per_type"][1]["rolled_back"], 2);
+        assert!(v["per_type"][1]["latency_us"]["p90"].is_number());
+        let table = render_table(&params(), &sweep(), &recs);
+        let lines: Vec<&str> = table.lines().collect();
+        let at = lines
+            .iter()
+            .position(|l| l.starts_with("per transaction type"))
+            .expect(&table);
+        // Header, rule, two types per run.
+        assert_eq!(lines.len(), at + 1 + 2 + 2 * recs.len(), "{table}");
+        assert!(lines[at + 1].contains("rollbacks"), "{table}");
+        assert!(lines[at + 4].contains("payment"), "{table}");
+    }
+
+    #[test]
+    fn json_file_is_one_array() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("out.json");
+        write_json(&p, &records()).unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+        assert_eq!(v.as_array().unwrap().len(), 4);
+    }
+
+    #[test]
+    fn table_shows_varying_options_as_columns() {
+        let t = render_table(&params(), &sweep(), &records());
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines.len(), 1 + 2 + 4, "{t}");
+        assert!(lines[0].contains("scale=2 log=sync seed=7"), "{t}");
+        assert!(!lines[0].contains("threads="), "{t}");
+        let head: Vec<&str> = lines[1].split_whitespace().collect();
+        assert_eq!(
+            &head[..5],
+            ["cc", "threads", "read-ratio", "tps", "commits"]
+        );
+        assert!(lines[3].starts_with("2pl"), "{t}");
+        assert!(lines[4].contains(" 0.25 "), "{t}");
+        assert!(lines[6].ends_with("FAILED"), "{t}");
+        assert!(lines[2].chars().all(|c| c == '-'));
+        // All rows have the same width.
+        assert_eq!(lines[1].chars().count(), lines[2].chars().count());
+    }
+}

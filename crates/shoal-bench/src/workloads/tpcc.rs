@@ -1,0 +1,1928 @@
+//! TPC-C on shoal (TPC-C standard specification 5.11).
+//!
+//! **Tables.** The nine tables of the specification, `warehouse`, `district`, `customer`,
+//! `history`, `new_order`, `orders`, `order_line`, `item` and `stock`, plus two secondary
+//! indexes: `customer_name` (customers by last name, then first name, for Payment and
+//! OrderStatus by last name) and `order_cust` (orders by customer, for OrderStatus' last
+//! order). Ids are 1-based as in the specification and keys are big-endian, so key order is the
+//! specification's ordering:
+//!
+//! | table | key | value |
+//! |---|---|---|
+//! | warehouse | `w:u32, 0` / `w:u32, 1` | the row / `W_YTD` (i64 cents) |
+//! | district | `w, d:u8, 0` / `…, 1` / `…, 2` | the row / `D_YTD` / `D_NEXT_O_ID` (i64) |
+//! | customer | `w, d, c:u32` | the row |
+//! | customer_name | `w, d, last (16 bytes, 0-padded), first (16), c` | empty |
+//! | history | `thread:u16, seq:u64` (load: thread `0xffff`) | the row |
+//! | new_order | `w, d, o:u32` | empty |
+//! | orders | `w, d, o` | the row |
+//! | order_cust | `w, d, c, o` | empty |
+//! | order_line | `w, d, o, ol:u8` | the row |
+//! | item | `i:u32` | the row |
+//! | stock | `w, i` | the row |
+//!
+//! The counters that every Payment or NewOrder of a warehouse or district updates (`W_YTD`,
+//! `D_YTD`, `D_NEXT_O_ID`) live under their own keys as 8-byte integers, updated with
+//! [`Transaction::add`]: an exclusive lock from the start (no shared-to-exclusive upgrade, so no
+//! upgrade deadlocks between Payments), and NewOrder's read of the warehouse and district rows
+//! (the taxes) does not conflict with Payment's update of the year-to-date amounts. Rows are
+//! compact binary encodings (integers fixed-width little-endian, strings with a 2-byte length);
+//! money is in cents, tax and discount rates in 1/10,000. Row sizes follow the specification's
+//! field lengths (a customer row is about 600 bytes, a stock row about 320).
+//!
+//! **Load** (clause 4.3.3.1): 100,000 items; per warehouse 100,000 stock rows and 10 districts;
+//! per district 3,000 customers (last names from the syllables, NURand(255, 0, 999) beyond the
+//! first 1,000), one history row each, 3,000 orders for a random permutation of the customers,
+//! 5-15 lines each, and new-order rows for orders 2,101-3,000. The environment variable
+//! `SHOAL_TPCC_TINY=1` scales the load down for tests ([`Scale::tiny`]).
+//!
+//! **Transactions** (clause 2), mix 45% NewOrder, 43% Payment, 4% each OrderStatus, Delivery,
+//! StockLevel (or one of them alone, `--mix`). The home warehouse and district are uniform per
+//! transaction (no terminals). NewOrder: 5-15 lines, items NURand(8191), 1% of lines from a
+//! remote warehouse (when W > 1), 1% of transactions with an unused item as the last line,
+//! which the harness rolls back as an expected rollback; its lines are sorted by (supply
+//! warehouse, item) so that concurrent NewOrders lock stock rows in one order. Payment: 60% by
+//! last name, 15% for a customer of a remote warehouse (when W > 1). OrderStatus: 60% by last
+//! name; the last order by a reverse range scan of `order_cust`. Delivery: one transaction over
+//! all districts, each district's oldest new order by a range scan of `new_order`. StockLevel:
+//! a range scan of the order lines of the district's last 20 orders.
+//!
+//! **Consistency** ([`Tpcc::check`], clause 3.3.2): (1) `W_YTD = sum(D_YTD)`; (2)
+//! `D_NEXT_O_ID - 1 = max(O_ID) = max(NO_O_ID)`; (3) `max(NO_O_ID) - min(NO_O_ID) + 1` = the
+//! number of new-order rows; (4) `sum(O_OL_CNT)` = the number of order lines, per district.
+
+use std::collections::BTreeSet;
+use std::ops::Bound;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context};
+use indicatif::ProgressBar;
+use rand::rngs::SmallRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use shoal::{Database, Table, Transaction};
+
+use super::{Ledger, Workload};
+use crate::harness::RunConfig;
+
+/// Which transactions a run draws.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mix {
+    /// The specification's mix: 45% NewOrder, 43% Payment, 4% each of the others.
+    Full,
+    /// NewOrder alone.
+    NewOrder,
+    /// Payment alone.
+    Payment,
+    /// OrderStatus alone.
+    OrderStatus,
+    /// Delivery alone.
+    Delivery,
+    /// StockLevel alone.
+    StockLevel,
+}
+
+impl Mix {
+    /// The command-line name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mix::Full => "full",
+            Mix::NewOrder => "new-order",
+            Mix::Payment => "payment",
+            Mix::OrderStatus => "order-status",
+            Mix::Delivery => "delivery",
+            Mix::StockLevel => "stock-level",
+        }
+    }
+
+    /// Parses a command-line name.
+    pub fn parse(s: &str) -> Option<Mix> {
+        [
+            Mix::Full,
+            Mix::NewOrder,
+            Mix::Payment,
+            Mix::OrderStatus,
+            Mix::Delivery,
+            Mix::StockLevel,
+        ]
+        .into_iter()
+        .find(|m| m.name() == s)
+    }
+}
+
+/// Names of the transaction types, in [`Workload::kinds`] order.
+pub const KINDS: [&str; 5] = [
+    "new-order",
+    "payment",
+    "order-status",
+    "delivery",
+    "stock-level",
+];
+const NEW_ORDER: usize = 0;
+const PAYMENT: usize = 1;
+const ORDER_STATUS: usize = 2;
+const DELIVERY: usize = 3;
+const STOCK_LEVEL: usize = 4;
+
+/// The database's size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Scale {
+    /// Warehouses.
+    pub warehouses: u32,
+    /// Items (and stock rows per warehouse): 100,000.
+    pub items: u32,
+    /// Districts per warehouse: 10.
+    pub districts: u8,
+    /// Customers per district: 3,000.
+    pub customers: u32,
+    /// Orders loaded per district: 3,000.
+    pub orders: u32,
+    /// Of those, the last this many are undelivered (have new-order rows): 900.
+    pub new_orders: u32,
+}
+
+impl Scale {
+    /// The specification's scale with `warehouses` warehouses.
+    pub fn standard(warehouses: u32) -> Scale {
+        Scale {
+            warehouses,
+            items: 100_000,
+            districts: 10,
+            customers: 3_000,
+            orders: 3_000,
+            new_orders: 900,
+        }
+    }
+
+    /// A scale small enough for tests: 1,000 items, 10 districts of 30 customers and orders.
+    pub fn tiny(warehouses: u32) -> Scale {
+        Scale {
+            warehouses,
+            items: 1_000,
+            districts: 10,
+            customers: 30,
+            orders: 30,
+            new_orders: 9,
+        }
+    }
+
+    /// The scale for `cfg`: standard, or tiny when `SHOAL_TPCC_TINY` is set to a non-empty
+    /// value other than `0`.
+    pub fn for_config(cfg: &RunConfig) -> Scale {
+        let w = u32::try_from(cfg.scale).unwrap_or(u32::MAX).max(1);
+        match std::env::var("SHOAL_TPCC_TINY") {
+            Ok(v) if !v.is_empty() && v != "0" => Scale::tiny(w),
+            _ => Scale::standard(w),
+        }
+    }
+
+    /// Rows the load inserts (secondary index entries included).
+    pub fn rows(&self) -> u64 {
+        let w = u64::from(self.warehouses);
+        let d = w * u64::from(self.districts);
+        let c = d * u64::from(self.customers);
+        let o = d * u64::from(self.orders);
+        u64::from(self.items)
+            + w * (2 + u64::from(self.items))
+            + d * 3
+            + 3 * c
+            + 2 * o
+            + o * 10
+            + d * u64::from(self.new_orders)
+    }
+
+    /// Number of distinct last names: 1,000, or the customers per district if fewer.
+    fn names(&self) -> u32 {
+        self.customers.min(1000)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Keys
+
+fn wkey(w: u32, f: u8) -> [u8; 5] {
+    let mut k = [0u8; 5];
+    k[..4].copy_from_slice(&w.to_be_bytes());
+    k[4] = f;
+    k
+}
+
+fn dprefix(w: u32, d: u8) -> [u8; 5] {
+    let mut k = [0u8; 5];
+    k[..4].copy_from_slice(&w.to_be_bytes());
+    k[4] = d;
+    k
+}
+
+fn dkey(w: u32, d: u8, f: u8) -> [u8; 6] {
+    let mut k = [0u8; 6];
+    k[..5].copy_from_slice(&dprefix(w, d));
+    k[5] = f;
+    k
+}
+
+/// Key of a customer, an order or a new order: warehouse, district, id.
+fn wdid(w: u32, d: u8, id: u32) -> [u8; 9] {
+    let mut k = [0u8; 9];
+    k[..5].copy_from_slice(&dprefix(w, d));
+    k[5..].copy_from_slice(&id.to_be_bytes());
+    k
+}
+
+fn ol_key(w: u32, d: u8, o: u32, n: u8) -> [u8; 10] {
+    let mut k = [0u8; 10];
+    k[..9].copy_from_slice(&wdid(w, d, o));
+    k[9] = n;
+    k
+}
+
+fn oc_key(w: u32, d: u8, c: u32, o: u32) -> [u8; 13] {
+    let mut k = [0u8; 13];
+    k[..9].copy_from_slice(&wdid(w, d, c));
+    k[9..].copy_from_slice(&o.to_be_bytes());
+    k
+}
+
+const NAME_LEN: usize = 16;
+
+fn padded(s: &[u8]) -> [u8; NAME_LEN] {
+    let mut p = [0u8; NAME_LEN];
+    let n = s.len().min(NAME_LEN);
+    p[..n].copy_from_slice(&s[..n]);
+    p
+}
+
+fn cname_prefix(w: u32, d: u8, last: &[u8]) -> Vec<u8> {
+    let mut k = dprefix(w, d).to_vec();
+    k.extend_from_slice(&padded(last));
+    k
+}
+
+fn cname_key(w: u32, d: u8, last: &[u8], first: &[u8], c: u32) -> Vec<u8> {
+    let mut k = cname_prefix(w, d, last);
+    k.extend_from_slice(&padded(first));
+    k.extend_from_slice(&c.to_be_bytes());
+    k
+}
+
+fn item_key(i: u32) -> [u8; 4] {
+    i.to_be_bytes()
+}
+
+fn stock_key(w: u32, i: u32) -> [u8; 8] {
+    let mut k = [0u8; 8];
+    k[..4].copy_from_slice(&w.to_be_bytes());
+    k[4..].copy_from_slice(&i.to_be_bytes());
+    k
+}
+
+fn history_key(tag: u16, seq: u64) -> [u8; 10] {
+    let mut k = [0u8; 10];
+    k[..2].copy_from_slice(&tag.to_be_bytes());
+    k[2..].copy_from_slice(&seq.to_be_bytes());
+    k
+}
+
+/// The range of every key starting with `p`.
+fn prefix_range(p: &[u8]) -> (Bound<Vec<u8>>, Bound<Vec<u8>>) {
+    let mut hi = p.to_vec();
+    while let Some(last) = hi.pop() {
+        if last < 0xff {
+            hi.push(last + 1);
+            return (Bound::Included(p.to_vec()), Bound::Excluded(hi));
+        }
+    }
+    (Bound::Included(p.to_vec()), Bound::Unbounded)
+}
+
+fn id_at(k: &[u8], at: usize) -> u32 {
+    k.get(at..at + 4)
+        .map_or(0, |b| u32::from_be_bytes(b.try_into().unwrap()))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Row encoding
+
+#[derive(Default)]
+struct Enc(Vec<u8>);
+
+impl Enc {
+    fn u8(mut self, v: u8) -> Self {
+        self.0.push(v);
+        self
+    }
+    fn u32(mut self, v: u32) -> Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    fn u64(mut self, v: u64) -> Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    fn i64(mut self, v: i64) -> Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    fn s(mut self, v: &[u8]) -> Self {
+        let n = v.len().min(u16::MAX as usize);
+        self.0.extend_from_slice(&(n as u16).to_le_bytes());
+        self.0.extend_from_slice(&v[..n]);
+        self
+    }
+}
+
+struct Dec<'a> {
+    b: &'a [u8],
+    bad: bool,
+}
+
+impl<'a> Dec<'a> {
+    fn new(b: &'a [u8]) -> Self {
+        Dec { b, bad: false }
+    }
+    fn take(&mut self, n: usize) -> &'a [u8] {
+        if self.b.len() < n {
+            self.bad = true;
+            self.b = &[];
+            return &[0u8; 8][..n.min(8)];
+        }
+        let (h, t) = self.b.split_at(n);
+        self.b = t;
+        h
+    }
+    fn u8(&mut self) -> u8 {
+        self.take(1)[0]
+    }
+    fn u32(&mut self) -> u32 {
+        let b = self.take(4);
+        u32::from_le_bytes(b.try_into().unwrap_or([0; 4]))
+    }
+    fn u64(&mut self) -> u64 {
+        let b = self.take(8);
+        u64::from_le_bytes(b.try_into().unwrap_or([0; 8]))
+    }
+    fn i64(&mut self) -> i64 {
+        self.u64() as i64
+    }
+    fn s(&mut self) -> Vec<u8> {
+        let n = {
+            let b = self.take(2);
+            u16::from_le_bytes(b.try_into().unwrap_or([0; 2])) as usize
+        };
+        self.take(n).to_vec()
+    }
+    fn done(&self) -> bool {
+        !self.bad && self.b.is_empty()
+    }
+}
+
+fn malformed(what: &str) -> shoal::Error {
+    shoal::Error::Unsupported(format!("tpcc: malformed or missing {what} row"))
+}
+
+/// Warehouse or district row (static part): name, address, tax.
+#[derive(Clone, Debug, PartialEq)]
+struct Place {
+    name: Vec<u8>,
+    street1: Vec<u8>,
+    street2: Vec<u8>,
+    city: Vec<u8>,
+    state: Vec<u8>,
+    zip: Vec<u8>,
+    /// Tax rate in 1/10,000.
+    tax: u32,
+}
+
+impl Place {
+    fn encode(&self) -> Vec<u8> {
+        Enc::default()
+            .s(&self.name)
+            .s(&self.street1)
+            .s(&self.street2)
+            .s(&self.city)
+            .s(&self.state)
+            .s(&self.zip)
+            .u32(self.tax)
+            .0
+    }
+    fn decode(v: &[u8]) -> Option<Place> {
+        let mut d = Dec::new(v);
+        let p = Place {
+            name: d.s(),
+            street1: d.s(),
+            street2: d.s(),
+            city: d.s(),
+            state: d.s(),
+            zip: d.s(),
+            tax: d.u32(),
+        };
+        d.done().then_some(p)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+struct Customer {
+    first: Vec<u8>,
+    middle: Vec<u8>,
+    last: Vec<u8>,
+    street1: Vec<u8>,
+    street2: Vec<u8>,
+    city: Vec<u8>,
+    state: Vec<u8>,
+    zip: Vec<u8>,
+    phone: Vec<u8>,
+    since: u64,
+    credit: Vec<u8>,
+    credit_lim: i64,
+    /// Discount in 1/10,000.
+    discount: u32,
+    balance: i64,
+    ytd_payment: i64,
+    payment_cnt: u32,
+    delivery_cnt: u32,
+    data: Vec<u8>,
+}
+
+impl Customer {
+    fn encode(&self) -> Vec<u8> {
+        Enc::default()
+            .s(&self.first)
+            .s(&self.middle)
+            .s(&self.last)
+            .s(&self.street1)
+            .s(&self.street2)
+            .s(&self.city)
+            .s(&self.state)
+            .s(&self.zip)
+            .s(&self.phone)
+            .u64(self.since)
+            .s(&self.credit)
+            .i64(self.credit_lim)
+            .u32(self.discount)
+            .i64(self.balance)
+            .i64(self.ytd_payment)
+            .u32(self.payment_cnt)
+            .u32(self.delivery_cnt)
+            .s(&self.data)
+            .0
+    }
+    fn decode(v: &[u8]) -> Option<Customer> {
+        let mut d = Dec::new(v);
+        let c = Customer {
+            first: d.s(),
+            middle: d.s(),
+            last: d.s(),
+            street1: d.s(),
+            street2: d.s(),
+            city: d.s(),
+            state: d.s(),
+            zip: d.s(),
+            phone: d.s(),
+            since: d.u64(),
+            credit: d.s(),
+            credit_lim: d.i64(),
+            discount: d.u32(),
+            balance: d.i64(),
+            ytd_payment: d.i64(),
+            payment_cnt: d.u32(),
+            delivery_cnt: d.u32(),
+            data: d.s(),
+        };
+        d.done().then_some(c)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Order {
+    c_id: u32,
+    entry_d: u64,
+    /// 0 = null.
+    carrier_id: u8,
+    ol_cnt: u8,
+    all_local: u8,
+}
+
+impl Order {
+    fn encode(&self) -> Vec<u8> {
+        Enc::default()
+            .u32(self.c_id)
+            .u64(self.entry_d)
+            .u8(self.carrier_id)
+            .u8(self.ol_cnt)
+            .u8(self.all_local)
+            .0
+    }
+    fn decode(v: &[u8]) -> Option<Order> {
+        let mut d = Dec::new(v);
+        let o = Order {
+            c_id: d.u32(),
+            entry_d: d.u64(),
+            carrier_id: d.u8(),
+            ol_cnt: d.u8(),
+            all_local: d.u8(),
+        };
+        d.done().then_some(o)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+struct OrderLine {
+    i_id: u32,
+    supply_w: u32,
+    /// 0 = null.
+    delivery_d: u64,
+    quantity: u8,
+    amount: i64,
+    dist_info: Vec<u8>,
+}
+
+impl OrderLine {
+    fn encode(&self) -> Vec<u8> {
+        Enc::default()
+            .u32(self.i_id)
+            .u32(self.supply_w)
+            .u64(self.delivery_d)
+            .u8(self.quantity)
+            .i64(self.amount)
+            .s(&self.dist_info)
+            .0
+    }
+    fn decode(v: &[u8]) -> Option<OrderLine> {
+        let mut d = Dec::new(v);
+        let l = OrderLine {
+            i_id: d.u32(),
+            supply_w: d.u32(),
+            delivery_d: d.u64(),
+            quantity: d.u8(),
+            amount: d.i64(),
+            dist_info: d.s(),
+        };
+        d.done().then_some(l)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+struct Item {
+    im_id: u32,
+    price: i64,
+    name: Vec<u8>,
+    data: Vec<u8>,
+}
+
+impl Item {
+    fn encode(&self) -> Vec<u8> {
+        Enc::default()
+            .u32(self.im_id)
+            .i64(self.price)
+            .s(&self.name)
+            .s(&self.data)
+            .0
+    }
+    fn decode(v: &[u8]) -> Option<Item> {
+        let mut d = Dec::new(v);
+        let i = Item {
+            im_id: d.u32(),
+            price: d.i64(),
+            name: d.s(),
+            data: d.s(),
+        };
+        d.done().then_some(i)
+    }
+}
+
+const DIST_LEN: usize = 24;
+
+#[derive(Clone, Debug, PartialEq)]
+struct Stock {
+    quantity: u32,
+    ytd: u64,
+    order_cnt: u32,
+    remote_cnt: u32,
+    /// `S_DIST_01` .. `S_DIST_10`, 24 bytes each.
+    dist: Vec<u8>,
+    data: Vec<u8>,
+}
+
+impl Stock {
+    fn encode(&self) -> Vec<u8> {
+        Enc::default()
+            .u32(self.quantity)
+            .u64(self.ytd)
+            .u32(self.order_cnt)
+            .u32(self.remote_cnt)
+            .s(&self.dist)
+            .s(&self.data)
+            .0
+    }
+    fn decode(v: &[u8]) -> Option<Stock> {
+        let mut d = Dec::new(v);
+        let s = Stock {
+            quantity: d.u32(),
+            ytd: d.u64(),
+            order_cnt: d.u32(),
+            remote_cnt: d.u32(),
+            dist: d.s(),
+            data: d.s(),
+        };
+        d.done().then_some(s)
+    }
+    fn dist_info(&self, d: u8) -> &[u8] {
+        let i = usize::from(d.saturating_sub(1) % 10) * DIST_LEN;
+        self.dist.get(i..i + DIST_LEN).unwrap_or(&[])
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+struct History {
+    c_id: u32,
+    c_d: u8,
+    c_w: u32,
+    d: u8,
+    w: u32,
+    date: u64,
+    amount: i64,
+    data: Vec<u8>,
+}
+
+impl History {
+    fn encode(&self) -> Vec<u8> {
+        Enc::default()
+            .u32(self.c_id)
+            .u8(self.c_d)
+            .u32(self.c_w)
+            .u8(self.d)
+            .u32(self.w)
+            .u64(self.date)
+            .i64(self.amount)
+            .s(&self.data)
+            .0
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Random data (clause 4.3.2)
+
+const SYLLABLES: [&str; 10] = [
+    "BAR", "OUGHT", "ABLE", "PRI", "PRES", "ESE", "ANTI", "CALLY", "ATION", "EING",
+];
+
+/// The last name of number `n` in 0..=999 (clause 4.3.2.3).
+pub fn last_name(n: u32) -> Vec<u8> {
+    let mut s = String::new();
+    for div in [100, 10, 1] {
+        s.push_str(SYLLABLES[(n / div % 10) as usize]);
+    }
+    s.into_bytes()
+}
+
+/// NURand(A, x, y) with run-time constant `c` (clause 2.1.6).
+pub fn nurand(rng: &mut impl Rng, a: u32, c: u32, x: u32, y: u32) -> u32 {
+    (((rng.gen_range(0..=a) | rng.gen_range(x..=y)) + c) % (y - x + 1)) + x
+}
+
+/// The C constants of NURand: for C_LAST at load, C_LAST at run time (differing by 66, within
+/// clause 2.1.6.1's bounds), C_ID and OL_I_ID.
+const C_LAST_LOAD: u32 = 157;
+const C_LAST_RUN: u32 = 223;
+const C_ID: u32 = 259;
+const C_OL_I_ID: u32 = 7911;
+
+const ALNUM: &[u8] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+
+fn astring(rng: &mut impl Rng, lo: usize, hi: usize) -> Vec<u8> {
+    let n = rng.gen_range(lo..=hi);
+    (0..n)
+        .map(|_| ALNUM[rng.gen_range(0..ALNUM.len())])
+        .collect()
+}
+
+fn nstring(rng: &mut impl Rng, lo: usize, hi: usize) -> Vec<u8> {
+    let n = rng.gen_range(lo..=hi);
+    (0..n).map(|_| b'0' + rng.gen_range(0..10u8)).collect()
+}
+
+fn zip(rng: &mut impl Rng) -> Vec<u8> {
+    let mut z = nstring(rng, 4, 4);
+    z.extend_from_slice(b"11111");
+    z
+}
+
+/// A data string of 26-50 characters, 10% containing "ORIGINAL".
+fn data_string(rng: &mut impl Rng) -> Vec<u8> {
+    let mut s = astring(rng, 26, 50);
+    if rng.gen_bool(0.1) {
+        let at = rng.gen_range(0..=s.len() - 8);
+        s[at..at + 8].copy_from_slice(b"ORIGINAL");
+    }
+    s
+}
+
+fn place(rng: &mut impl Rng, name_lo: usize) -> Place {
+    Place {
+        name: astring(rng, name_lo, 10),
+        street1: astring(rng, 10, 20),
+        street2: astring(rng, 10, 20),
+        city: astring(rng, 10, 20),
+        state: astring(rng, 2, 2),
+        zip: zip(rng),
+        tax: rng.gen_range(0..=2000),
+    }
+}
+
+fn now_micros() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+fn seeded(parts: &[u64]) -> SmallRng {
+    let mut x = 0x7cc_7cc_u64;
+    for p in parts {
+        x = x.rotate_left(17) ^ p.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+    SmallRng::seed_from_u64(x)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The workload
+
+/// A loaded TPC-C database.
+pub struct Tpcc {
+    warehouse: Table,
+    district: Table,
+    customer: Table,
+    customer_name: Table,
+    history: Table,
+    new_order: Table,
+    orders: Table,
+    order_cust: Table,
+    order_line: Table,
+    item: Table,
+    stock: Table,
+    scale: Scale,
+    /// Per district: a lower estimate of its oldest undelivered order, so that Delivery's
+    /// range scan usually covers a few keys. Only a hint: the scan starts at order 0.
+    oldest_hint: Vec<AtomicU32>,
+    /// The database runs optimistic concurrency control: see [`Tpcc::insert_new`].
+    optimistic: bool,
+}
+
+/// How a Payment or OrderStatus finds its customer.
+#[derive(Clone, Debug, PartialEq)]
+enum CustomerBy {
+    Id(u32),
+    LastName(Vec<u8>),
+}
+
+/// One NewOrder line's inputs: item, supplying warehouse, quantity.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Line {
+    i_id: u32,
+    supply_w: u32,
+    qty: u8,
+}
+
+/// A transaction's inputs.
+#[derive(Clone, Debug, PartialEq)]
+enum Txn {
+    NewOrder {
+        w: u32,
+        d: u8,
+        c: u32,
+        lines: Vec<Line>,
+        /// The last line's item is unused: the transaction rolls back.
+        rollback: bool,
+        now: u64,
+    },
+    Payment {
+        w: u32,
+        d: u8,
+        c_w: u32,
+        c_d: u8,
+        by: CustomerBy,
+        amount: i64,
+        now: u64,
+    },
+    OrderStatus {
+        w: u32,
+        d: u8,
+        by: CustomerBy,
+    },
+    Delivery {
+        w: u32,
+        carrier: u8,
+        now: u64,
+    },
+    StockLevel {
+        w: u32,
+        d: u8,
+        threshold: u32,
+    },
+}
+
+impl Txn {
+    fn kind(&self) -> usize {
+        match self {
+            Txn::NewOrder { .. } => NEW_ORDER,
+            Txn::Payment { .. } => PAYMENT,
+            Txn::OrderStatus { .. } => ORDER_STATUS,
+            Txn::Delivery { .. } => DELIVERY,
+            Txn::StockLevel { .. } => STOCK_LEVEL,
+        }
+    }
+}
+
+/// A worker thread's state.
+pub struct TpccWorker {
+    rng: SmallRng,
+    mix: Mix,
+    thread: u16,
+    seq: u64,
+    cur: Txn,
+}
+
+/// Delivery first scans this many new-order ids past the district's hint.
+const DELIVERY_WINDOW: u32 = 32;
+
+/// Orders per load transaction of the order work items.
+const LOAD_ORDERS: u32 = 300;
+/// Items or stock rows per load transaction.
+const LOAD_ITEMS: u32 = 5_000;
+
+#[derive(Clone, Copy, Debug)]
+enum LoadItem {
+    Items(u32, u32),
+    Stock(u32, u32, u32),
+    Warehouse(u32),
+    Customers(u32, u8),
+    Orders(u32, u8, u32, u32),
+}
+
+impl Tpcc {
+    /// Creates the tables in the empty database `db` and loads them at `scale`, with up to
+    /// `load_threads` threads. Advances `progress` by the rows loaded.
+    pub fn load(
+        db: &Database,
+        scale: Scale,
+        load_threads: usize,
+        progress: &ProgressBar,
+    ) -> anyhow::Result<Tpcc> {
+        anyhow::ensure!(scale.warehouses >= 1, "at least one warehouse");
+        anyhow::ensure!(
+            scale.new_orders <= scale.orders && scale.orders <= scale.customers,
+            "bad scale {scale:?}"
+        );
+        let create = |name: &str| {
+            db.create_table(name)
+                .with_context(|| format!("creating table {name} (is the database empty?)"))
+        };
+        let t = Tpcc {
+            warehouse: create("warehouse")?,
+            district: create("district")?,
+            customer: create("customer")?,
+            customer_name: create("customer_name")?,
+            history: create("history")?,
+            new_order: create("new_order")?,
+            orders: create("orders")?,
+            order_cust: create("order_cust")?,
+            order_line: create("order_line")?,
+            item: create("item")?,
+            stock: create("stock")?,
+            scale,
+            oldest_hint: (0..scale.warehouses * u32::from(scale.districts))
+                .map(|_| AtomicU32::new(scale.orders - scale.new_orders + 1))
+                .collect(),
+            optimistic: db.options().cc == shoal::ConcurrencyControl::Optimistic,
+        };
+        let mut items = Vec::new();
+        let mut lo = 1;
+        while lo <= scale.items {
+            let hi = (lo + LOAD_ITEMS).min(scale.items + 1);
+            items.push(LoadItem::Items(lo, hi));
+            lo = hi;
+        }
+        for w in 1..=scale.warehouses {
+            items.push(LoadItem::Warehouse(w));
+            let mut lo = 1;
+            while lo <= scale.items {
+                let hi = (lo + LOAD_ITEMS).min(scale.items + 1);
+                items.push(LoadItem::Stock(w, lo, hi));
+                lo = hi;
+            }
+            for d in 1..=scale.districts {
+                items.push(LoadItem::Customers(w, d));
+                let mut lo = 1;
+                while lo <= scale.orders {
+                    let hi = (lo + LOAD_ORDERS).min(scale.orders + 1);
+                    items.push(LoadItem::Orders(w, d, lo, hi));
+                    lo = hi;
+                }
+            }
+        }
+        let load_time = now_micros();
+        super::parallel_load(&items, load_threads, progress, |&item| {
+            db.run(|tx| t.load_item(tx, item, load_time))
+                .with_context(|| format!("loading {item:?}"))
+        })?;
+        Ok(t)
+    }
+
+    /// Loads one work item in `tx`; returns the rows inserted.
+    fn load_item(&self, tx: &mut Transaction<'_>, item: LoadItem, now: u64) -> shoal::Result<u64> {
+        let s = &self.scale;
+        let mut rows = 0u64;
+        match item {
+            LoadItem::Items(lo, hi) => {
+                let mut rng = seeded(&[1, u64::from(lo)]);
+                for i in lo..hi {
+                    let it = Item {
+                        im_id: rng.gen_range(1..=10_000),
+                        price: rng.gen_range(100..=10_000),
+                        name: astring(&mut rng, 14, 24),
+                        data: data_string(&mut rng),
+                    };
+                    tx.insert(&self.item, item_key(i), it.encode())?;
+                    rows += 1;
+                }
+            }
+            LoadItem::Stock(w, lo, hi) => {
+                let mut rng = seeded(&[2, u64::from(w), u64::from(lo)]);
+                for i in lo..hi {
+                    let st = Stock {
+                        quantity: rng.gen_range(10..=100),
+                        ytd: 0,
+                        order_cnt: 0,
+                        remote_cnt: 0,
+                        dist: astring(&mut rng, DIST_LEN * 10, DIST_LEN * 10),
+                        data: data_string(&mut rng),
+                    };
+                    tx.insert(&self.stock, stock_key(w, i), st.encode())?;
+                    rows += 1;
+                }
+            }
+            LoadItem::Warehouse(w) => {
+                let mut rng = seeded(&[3, u64::from(w)]);
+                tx.insert(&self.warehouse, wkey(w, 0), place(&mut rng, 6).encode())?;
+                tx.insert(
+                    &self.warehouse,
+                    wkey(w, 1),
+                    (3_000_000i64 * i64::from(s.districts)).to_le_bytes(),
+                )?;
+                rows += 2;
+                for d in 1..=s.districts {
+                    tx.insert(&self.district, dkey(w, d, 0), place(&mut rng, 6).encode())?;
+                    tx.insert(&self.district, dkey(w, d, 1), 3_000_000i64.to_le_bytes())?;
+                    tx.insert(
+                        &self.district,
+                        dkey(w, d, 2),
+                        (i64::from(s.orders) + 1).to_le_bytes(),
+                    )?;
+                    rows += 3;
+                }
+            }
+            LoadItem::Customers(w, d) => {
+                let mut rng = seeded(&[4, u64::from(w), u64::from(d)]);
+                for c in 1..=s.customers {
+                    let last = if c <= s.names() {
+                        last_name(c - 1)
+                    } else {
+                        last_name(nurand(&mut rng, 255, C_LAST_LOAD, 0, s.names() - 1))
+                    };
+                    let cu = Customer {
+                        first: astring(&mut rng, 8, 16),
+                        middle: b"OE".to_vec(),
+                        last,
+                        street1: astring(&mut rng, 10, 20),
+                        street2: astring(&mut rng, 10, 20),
+                        city: astring(&mut rng, 10, 20),
+                        state: astring(&mut rng, 2, 2),
+                        zip: zip(&mut rng),
+                        phone: nstring(&mut rng, 16, 16),
+                        since: now,
+                        credit: if rng.gen_bool(0.1) { b"BC" } else { b"GC" }.to_vec(),
+                        credit_lim: 5_000_000,
+                        discount: rng.gen_range(0..=5000),
+                        balance: -1000,
+                        ytd_payment: 1000,
+                        payment_cnt: 1,
+                        delivery_cnt: 0,
+                        data: astring(&mut rng, 300, 500),
+                    };
+                    tx.insert(&self.customer, wdid(w, d, c), cu.encode())?;
+                    tx.insert(
+                        &self.customer_name,
+                        cname_key(w, d, &cu.last, &cu.first, c),
+                        [],
+                    )?;
+                    let h = History {
+                        c_id: c,
+                        c_d: d,
+                        c_w: w,
+                        d,
+                        w,
+                        date: now,
+                        amount: 1000,
+                        data: astring(&mut rng, 12, 24),
+                    };
+                    let seq = ((u64::from(w) * 256 + u64::from(d)) << 32) | u64::from(c);
+                    tx.insert(&self.history, history_key(0xffff, seq), h.encode())?;
+                    rows += 3;
+                }
+            }
+            LoadItem::Orders(w, d, lo, hi) => {
+                // The customer permutation of this district, the same for every chunk.
+                let mut perm: Vec<u32> = (1..=s.customers).collect();
+                perm.shuffle(&mut seeded(&[5, u64::from(w), u64::from(d)]));
+                let mut rng = seeded(&[6, u64::from(w), u64::from(d), u64::from(lo)]);
+                let first_new = s.orders - s.new_orders + 1;
+                for o in lo..hi {
+                    let delivered = o < first_new;
+                    let ord = Order {
+                        c_id: perm[(o - 1) as usize],
+                        entry_d: now,
+                        carrier_id: if delivered { rng.gen_range(1..=10) } else { 0 },
+                        ol_cnt: rng.gen_range(5..=15),
+                        all_local: 1,
+                    };
+                    tx.insert(&self.orders, wdid(w, d, o), ord.encode())?;
+                    tx.insert(&self.order_cust, oc_key(w, d, ord.c_id, o), [])?;
+                    rows += 2;
+                    for n in 1..=ord.ol_cnt {
+                        let l = OrderLine {
+                            i_id: rng.gen_range(1..=s.items),
+                            supply_w: w,
+                            delivery_d: if delivered { now } else { 0 },
+                            quantity: 5,
+                            amount: if delivered {
+                                0
+                            } else {
+                                rng.gen_range(1..=999_999)
+                            },
+                            dist_info: astring(&mut rng, DIST_LEN, DIST_LEN),
+                        };
+                        tx.insert(&self.order_line, ol_key(w, d, o, n), l.encode())?;
+                        rows += 1;
+                    }
+                    if !delivered {
+                        tx.insert(&self.new_order, wdid(w, d, o), [])?;
+                        rows += 1;
+                    }
+                }
+            }
+        }
+        Ok(rows)
+    }
+
+    /// Inserts a row of an order NewOrder just numbered. Under optimistic concurrency control
+    /// the order number comes from a possibly stale read of `D_NEXT_O_ID`, and shoal's insert
+    /// reports [`shoal::Error::DuplicateKey`] at once, before commit-time validation would
+    /// find the stale read: that is a conflict, so it is reported as one (and retried). Under
+    /// 2PL the exclusive lock on `D_NEXT_O_ID` makes a duplicate impossible, so it stays fatal.
+    fn insert_new(
+        &self,
+        tx: &mut Transaction<'_>,
+        table: &Table,
+        key: &[u8],
+        value: &[u8],
+    ) -> shoal::Result<()> {
+        match tx.insert(table, key, value) {
+            Err(shoal::Error::DuplicateKey { key }) if self.optimistic => {
+                Err(shoal::Error::Conflict {
+                    txn: tx.id(),
+                    detail: format!("order key {key} taken: D_NEXT_O_ID was read stale"),
+                })
+            }
+            other => other,
+        }
+    }
+
+    /// Draws the inputs of a transaction of type `kind`.
+    fn draw(&self, rng: &mut SmallRng, kind: usize) -> Txn {
+        let s = &self.scale;
+        let w = rng.gen_range(1..=s.warehouses);
+        let d = rng.gen_range(1..=s.districts);
+        let other_w = |rng: &mut SmallRng| {
+            let o = rng.gen_range(1..s.warehouses);
+            if o >= w {
+                o + 1
+            } else {
+                o
+            }
+        };
+        let by = |rng: &mut SmallRng| {
+            if rng.gen_range(0..100) < 60 {
+                CustomerBy::LastName(last_name(nurand(rng, 255, C_LAST_RUN, 0, s.names() - 1)))
+            } else {
+                CustomerBy::Id(nurand(rng, 1023, C_ID, 1, s.customers))
+            }
+        };
+        match kind {
+            NEW_ORDER => {
+                let n = rng.gen_range(5..=15);
+                let rollback = rng.gen_range(0..100) == 0;
+                let mut lines: Vec<Line> = (0..n)
+                    .map(|_| Line {
+                        i_id: nurand(rng, 8191, C_OL_I_ID, 1, s.items),
+                        supply_w: if s.warehouses > 1 && rng.gen_range(0..100) == 0 {
+                            other_w(rng)
+                        } else {
+                            w
+                        },
+                        qty: rng.gen_range(1..=10),
+                    })
+                    .collect();
+                // One lock order for stock rows; the unused item stays last.
+                lines.sort_by_key(|l| (l.supply_w, l.i_id));
+                if rollback {
+                    lines.last_mut().unwrap().i_id = s.items + 1;
+                }
+                Txn::NewOrder {
+                    w,
+                    d,
+                    c: nurand(rng, 1023, C_ID, 1, s.customers),
+                    lines,
+                    rollback,
+                    now: now_micros(),
+                }
+            }
+            PAYMENT => {
+                let (c_w, c_d) = if s.warehouses > 1 && rng.gen_range(0..100) < 15 {
+                    (other_w(rng), rng.gen_range(1..=s.districts))
+                } else {
+                    (w, d)
+                };
+                Txn::Payment {
+                    w,
+                    d,
+                    c_w,
+                    c_d,
+                    by: by(rng),
+                    amount: rng.gen_range(100..=500_000),
+                    now: now_micros(),
+                }
+            }
+            ORDER_STATUS => Txn::OrderStatus { w, d, by: by(rng) },
+            DELIVERY => Txn::Delivery {
+                w,
+                carrier: rng.gen_range(1..=10),
+                now: now_micros(),
+            },
+            _ => Txn::StockLevel {
+                w,
+                d,
+                threshold: rng.gen_range(10..=20),
+            },
+        }
+    }
+
+    /// Finds a customer: by id, or the one at position ceil(n/2) among the n customers with
+    /// the last name, sorted by first name (clause 2.5.2.2).
+    fn find_customer(
+        &self,
+        tx: &mut Transaction<'_>,
+        w: u32,
+        d: u8,
+        by: &CustomerBy,
+    ) -> shoal::Result<(u32, Customer)> {
+        let c = match by {
+            CustomerBy::Id(c) => *c,
+            CustomerBy::LastName(last) => {
+                let rows = tx.scan(&self.customer_name, prefix_range(&cname_prefix(w, d, last)))?;
+                if rows.is_empty() {
+                    return Err(malformed("customer_name"));
+                }
+                let (k, _) = &rows[(rows.len() - 1) / 2];
+                id_at(k, k.len() - 4)
+            }
+        };
+        let v = tx
+            .get(&self.customer, wdid(w, d, c))?
+            .ok_or_else(|| malformed("customer"))?;
+        Ok((
+            c,
+            Customer::decode(&v).ok_or_else(|| malformed("customer"))?,
+        ))
+    }
+
+    fn new_order(
+        &self,
+        tx: &mut Transaction<'_>,
+        (w, d, c): (u32, u8, u32),
+        lines: &[Line],
+        rollback: bool,
+        now: u64,
+    ) -> shoal::Result<()> {
+        let wv = tx
+            .get(&self.warehouse, wkey(w, 0))?
+            .ok_or_else(|| malformed("warehouse"))?;
+        let w_tax = Place::decode(&wv)
+            .ok_or_else(|| malformed("warehouse"))?
+            .tax;
+        let dv = tx
+            .get(&self.district, dkey(w, d, 0))?
+            .ok_or_else(|| malformed("district"))?;
+        let d_tax = Place::decode(&dv).ok_or_else(|| malformed("district"))?.tax;
+        let o = u32::try_from(tx.add(&self.district, dkey(w, d, 2), 1)? - 1)
+            .map_err(|_| malformed("district"))?;
+        let (_, cust) = self.find_customer(tx, w, d, &CustomerBy::Id(c))?;
+        let all_local = u8::from(lines.iter().all(|l| l.supply_w == w));
+        let ord = Order {
+            c_id: c,
+            entry_d: now,
+            carrier_id: 0,
+            ol_cnt: lines.len() as u8,
+            all_local,
+        };
+        self.insert_new(tx, &self.orders, &wdid(w, d, o), &ord.encode())?;
+        self.insert_new(tx, &self.new_order, &wdid(w, d, o), &[])?;
+        self.insert_new(tx, &self.order_cust, &oc_key(w, d, c, o), &[])?;
+        let mut total = 0i64;
+        for (n, l) in lines.iter().enumerate() {
+            let Some(iv) = tx.get(&self.item, item_key(l.i_id))? else {
+                if rollback && n + 1 == lines.len() {
+                    // The unused item: "Item number is not valid"; the harness rolls back.
+                    return Ok(());
+                }
+                return Err(malformed("item"));
+            };
+            let it = Item::decode(&iv).ok_or_else(|| malformed("item"))?;
+            let sk = stock_key(l.supply_w, l.i_id);
+            let sv = tx.get(&self.stock, sk)?.ok_or_else(|| malformed("stock"))?;
+            let mut st = Stock::decode(&sv).ok_or_else(|| malformed("stock"))?;
+            let q = u32::from(l.qty);
+            st.quantity = if st.quantity >= q + 10 {
+                st.quantity - q
+            } else {
+                st.quantity + 91 - q
+            };
+            st.ytd += u64::from(q);
+            st.order_cnt += 1;
+            if l.supply_w != w {
+                st.remote_cnt += 1;
+            }
+            tx.put(&self.stock, sk, st.encode())?;
+            let amount = i64::from(l.qty) * it.price;
+            total += amount;
+            let ol = OrderLine {
+                i_id: l.i_id,
+                supply_w: l.supply_w,
+                delivery_d: 0,
+                quantity: l.qty,
+                amount,
+                dist_info: st.dist_info(d).to_vec(),
+            };
+            self.insert_new(
+                tx,
+                &self.order_line,
+                &ol_key(w, d, o, n as u8 + 1),
+                &ol.encode(),
+            )?;
+        }
+        // The total the terminal would show: sum * (1 - discount) * (1 + w_tax + d_tax).
+        let _total = total * i64::from(10_000 - cust.discount) / 10_000
+            * i64::from(10_000 + w_tax + d_tax)
+            / 10_000;
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn payment(
+        &self,
+        tx: &mut Transaction<'_>,
+        (w, d): (u32, u8),
+        (c_w, c_d): (u32, u8),
+        by: &CustomerBy,
+        amount: i64,
+        now: u64,
+        hkey: [u8; 10],
+    ) -> shoal::Result<()> {
+        tx.add(&self.warehouse, wkey(w, 1), amount)?;
+        let wv = tx
+            .get(&self.warehouse, wkey(w, 0))?
+            .ok_or_else(|| malformed("warehouse"))?;
+        let wp = Place::decode(&wv).ok_or_else(|| malformed("warehouse"))?;
+        tx.add(&self.district, dkey(w, d, 1), amount)?;
+        let dv = tx
+            .get(&self.district, dkey(w, d, 0))?
+            .ok_or_else(|| malformed("district"))?;
+        let dp = Place::decode(&dv).ok_or_else(|| malformed("district"))?;
+        let (c, mut cust) = self.find_customer(tx, c_w, c_d, by)?;
+        cust.balance -= amount;
+        cust.ytd_payment += amount;
+        cust.payment_cnt += 1;
+        if cust.credit == b"BC" {
+            let mut data = format!(
+                "{c} {c_d} {c_w} {d} {w} {}.{:02} ",
+                amount / 100,
+                amount % 100
+            )
+            .into_bytes();
+            data.extend_from_slice(&cust.data);
+            data.truncate(500);
+            cust.data = data;
+        }
+        tx.put(&self.customer, wdid(c_w, c_d, c), cust.encode())?;
+        let mut hdata = wp.name;
+        hdata.extend_from_slice(b"    ");
+        hdata.extend_from_slice(&dp.name);
+        let h = History {
+            c_id: c,
+            c_d,
+            c_w,
+            d,
+            w,
+            date: now,
+            amount,
+            data: hdata,
+        };
+        tx.insert(&self.history, hkey, h.encode())
+    }
+
+    fn order_status(
+        &self,
+        tx: &mut Transaction<'_>,
+        w: u32,
+        d: u8,
+        by: &CustomerBy,
+    ) -> shoal::Result<()> {
+        let (c, _cust) = self.find_customer(tx, w, d, by)?;
+        let orders = tx.scan_rev(&self.order_cust, prefix_range(&wdid(w, d, c)))?;
+        let Some((k, _)) = orders.first() else {
+            return Ok(()); // a customer without orders (possible only at tiny scales)
+        };
+        let o = id_at(k, 9);
+        let ov = tx
+            .get(&self.orders, wdid(w, d, o))?
+            .ok_or_else(|| malformed("orders"))?;
+        let ord = Order::decode(&ov).ok_or_else(|| malformed("orders"))?;
+        let lines = tx.scan(&self.order_line, prefix_range(&wdid(w, d, o)))?;
+        if lines.len() != usize::from(ord.ol_cnt) {
+            return Err(malformed("order_line"));
+        }
+        Ok(())
+    }
+
+    fn delivery(
+        &self,
+        tx: &mut Transaction<'_>,
+        w: u32,
+        carrier: u8,
+        now: u64,
+    ) -> shoal::Result<()> {
+        for d in 1..=self.scale.districts {
+            let hint = &self.oldest_hint
+                [((w - 1) * u32::from(self.scale.districts) + u32::from(d - 1)) as usize];
+            // The oldest new order: first in the window up to the hint (from order 0, so
+            // the hint cannot hide an order), else anywhere after it.
+            let edge = hint.load(Ordering::Relaxed).saturating_add(DELIVERY_WINDOW);
+            let mut rows = tx.scan(
+                &self.new_order,
+                (
+                    Bound::Included(wdid(w, d, 0)),
+                    Bound::Excluded(wdid(w, d, edge)),
+                ),
+            )?;
+            if rows.is_empty() {
+                let (_, hi) = prefix_range(&dprefix(w, d));
+                rows = tx.scan(
+                    &self.new_order,
+                    (Bound::Included(wdid(w, d, edge).to_vec()), hi),
+                )?;
+            }
+            let Some((k, _)) = rows.first() else {
+                continue; // no undelivered order in this district: skipped
+            };
+            let o = id_at(k, 5);
+            hint.fetch_max(o, Ordering::Relaxed);
+            tx.delete(&self.new_order, wdid(w, d, o))?;
+            let ov = tx
+                .get(&self.orders, wdid(w, d, o))?
+                .ok_or_else(|| malformed("orders"))?;
+            let mut ord = Order::decode(&ov).ok_or_else(|| malformed("orders"))?;
+            ord.carrier_id = carrier;
+            tx.put(&self.orders, wdid(w, d, o), ord.encode())?;
+            let mut sum = 0i64;
+            for (k, v) in tx.scan(&self.order_line, prefix_range(&wdid(w, d, o)))? {
+                let mut l = OrderLine::decode(&v).ok_or_else(|| malformed("order_line"))?;
+                sum += l.amount;
+                l.delivery_d = now;
+                tx.put(&self.order_line, k, l.encode())?;
+            }
+            let ck = wdid(w, d, ord.c_id);
+            let cv = tx
+                .get(&self.customer, ck)?
+                .ok_or_else(|| malformed("customer"))?;
+            let mut cust = Customer::decode(&cv).ok_or_else(|| malformed("customer"))?;
+            cust.balance += sum;
+            cust.delivery_cnt += 1;
+            tx.put(&self.customer, ck, cust.encode())?;
+        }
+        Ok(())
+    }
+
+    fn stock_level(
+        &self,
+        tx: &mut Transaction<'_>,
+        w: u32,
+        d: u8,
+        threshold: u32,
+    ) -> shoal::Result<u64> {
+        let next = tx
+            .get_i64(&self.district, dkey(w, d, 2))?
+            .ok_or_else(|| malformed("district"))?;
+        let next = u32::try_from(next).map_err(|_| malformed("district"))?;
+        let lines = tx.scan(
+            &self.order_line,
+            wdid(w, d, next.saturating_sub(20))..wdid(w, d, next),
+        )?;
+        let items: BTreeSet<u32> = lines
+            .iter()
+            .filter_map(|(_, v)| OrderLine::decode(v).map(|l| l.i_id))
+            .collect();
+        let mut low = 0;
+        for i in items {
+            let sv = tx
+                .get(&self.stock, stock_key(w, i))?
+                .ok_or_else(|| malformed("stock"))?;
+            let st = Stock::decode(&sv).ok_or_else(|| malformed("stock"))?;
+            if st.quantity < threshold {
+                low += 1;
+            }
+        }
+        Ok(low)
+    }
+
+    /// Checks consistency conditions 1-4 (clause 3.3.2.1-4) on a quiescent database. Returns
+    /// a summary, or an error listing the violations.
+    pub fn check_db(&self, db: &Database) -> anyhow::Result<String> {
+        let s = &self.scale;
+        let mut bad = Vec::new();
+        let (mut orders_n, mut lines_n, mut new_n) = (0u64, 0u64, 0u64);
+        for w in 1..=s.warehouses {
+            let w_ytd = db
+                .run(|tx| tx.get_i64(&self.warehouse, wkey(w, 1)))?
+                .context("missing W_YTD")?;
+            let mut d_sum = 0i64;
+            for d in 1..=s.districts {
+                let (d_ytd, next) = db.run(|tx| {
+                    Ok((
+                        tx.get_i64(&self.district, dkey(w, d, 1))?,
+                        tx.get_i64(&self.district, dkey(w, d, 2))?,
+                    ))
+                })?;
+                let (Some(d_ytd), Some(next)) = (d_ytd, next) else {
+                    bail!("district {w}/{d} lacks D_YTD or D_NEXT_O_ID");
+                };
+                d_sum += d_ytd;
+                // Orders: max(O_ID) and sum(O_OL_CNT).
+                let mut max_o = 0u32;
+                let mut ol_sum = 0u64;
+                let mut n_orders = 0u64;
+                for (k, v) in db.run(|tx| tx.scan(&self.orders, prefix_range(&dprefix(w, d))))? {
+                    let ord = Order::decode(&v).context("malformed order row")?;
+                    max_o = max_o.max(id_at(&k, 5));
+                    ol_sum += u64::from(ord.ol_cnt);
+                    n_orders += 1;
+                }
+                orders_n += n_orders;
+                // New orders: count, min, max.
+                let nos = db.run(|tx| tx.scan(&self.new_order, prefix_range(&dprefix(w, d))))?;
+                new_n += nos.len() as u64;
+                let no_ids: Vec<u32> = nos.iter().map(|(k, _)| id_at(k, 5)).collect();
+                // Order lines, in chunks of 1,000 orders.
+                let mut n_lines = 0u64;
+                let mut lo = 0u32;
+                while lo <= max_o {
+                    let hi = lo.saturating_add(1000);
+                    n_lines += db
+                        .run(|tx| tx.scan(&self.order_line, wdid(w, d, lo)..wdid(w, d, hi)))?
+                        .len() as u64;
+                    if hi == u32::MAX {
+                        break;
+                    }
+                    lo = hi;
+                }
+                let (_, tail_hi) = prefix_range(&dprefix(w, d));
+                n_lines += db
+                    .run(|tx| {
+                        tx.scan(
+                            &self.order_line,
+                            (Bound::Included(wdid(w, d, lo).to_vec()), tail_hi.clone()),
+                        )
+                    })?
+                    .len() as u64;
+                lines_n += n_lines;
+                // Condition 2.
+                if next - 1 != i64::from(max_o) {
+                    bad.push(format!(
+                        "condition 2: district {w}/{d}: D_NEXT_O_ID - 1 = {} but max(O_ID) = {max_o}",
+                        next - 1
+                    ));
+                }
+                if let (Some(&min_no), Some(&max_no)) = (no_ids.first(), no_ids.last()) {
+                    if i64::from(max_no) != next - 1 {
+                        bad.push(format!(
+                            "condition 2: district {w}/{d}: D_NEXT_O_ID - 1 = {} but max(NO_O_ID) = {max_no}",
+                            next - 1
+                        ));
+                    }
+                    // Condition 3.
+                    if u64::from(max_no - min_no) + 1 != no_ids.len() as u64 {
+                        bad.push(format!(
+                            "condition 3: district {w}/{d}: max(NO_O_ID) - min(NO_O_ID) + 1 = {} \
+                             but there are {} new-order rows",
+                            u64::from(max_no - min_no) + 1,
+                            no_ids.len()
+                        ));
+                    }
+                }
+                // Condition 4.
+                if ol_sum != n_lines {
+                    bad.push(format!(
+                        "condition 4: district {w}/{d}: sum(O_OL_CNT) = {ol_sum} but there are \
+                         {n_lines} order lines"
+                    ));
+                }
+            }
+            // Condition 1.
+            if w_ytd != d_sum {
+                bad.push(format!(
+                    "condition 1: warehouse {w}: W_YTD = {w_ytd} but sum(D_YTD) = {d_sum}"
+                ));
+            }
+        }
+        if !bad.is_empty() {
+            let n = bad.len();
+            bad.truncate(10);
+            bail!(
+                "TPC-C consistency check failed ({n} problems):\n  {}",
+                bad.join("\n  ")
+            );
+        }
+        Ok(format!(
+            "conditions 1-4 hold: {} warehouses, {orders_n} orders, {new_n} new orders, \
+             {lines_n} order lines",
+            s.warehouses
+        ))
+    }
+}
+
+impl Workload for Tpcc {
+    type Worker = TpccWorker;
+
+    fn rows(cfg: &RunConfig) -> u64 {
+        Scale::for_config(cfg).rows()
+    }
+
+    fn load(
+        db: &Database,
+        cfg: &RunConfig,
+        load_threads: usize,
+        progress: &ProgressBar,
+    ) -> anyhow::Result<Tpcc> {
+        Tpcc::load(db, Scale::for_config(cfg), load_threads, progress)
+    }
+
+    fn worker(&self, cfg: &RunConfig, run: u16, thread: u16, seed: u64) -> TpccWorker {
+        TpccWorker {
+            rng: SmallRng::seed_from_u64(seed),
+            mix: cfg.mix.as_deref().and_then(Mix::parse).unwrap_or(Mix::Full),
+            thread,
+            seq: u64::from(run) << 48,
+            cur: Txn::StockLevel {
+                w: 1,
+                d: 1,
+                threshold: 10,
+            },
+        }
+    }
+
+    fn next(&self, w: &mut TpccWorker) {
+        let kind = match w.mix {
+            Mix::Full => match w.rng.gen_range(0..100) {
+                0..=44 => NEW_ORDER,
+                45..=87 => PAYMENT,
+                88..=91 => ORDER_STATUS,
+                92..=95 => DELIVERY,
+                _ => STOCK_LEVEL,
+            },
+            Mix::NewOrder => NEW_ORDER,
+            Mix::Payment => PAYMENT,
+            Mix::OrderStatus => ORDER_STATUS,
+            Mix::Delivery => DELIVERY,
+            Mix::StockLevel => STOCK_LEVEL,
+        };
+        w.cur = self.draw(&mut w.rng, kind);
+    }
+
+    /// Under optimistic concurrency control a transaction may read another's commit half
+    /// installed (a new order without its order row, fewer lines than `O_OL_CNT`); commit-time
+    /// validation would abort it, so such a "missing row" is reported as a conflict. Under 2PL
+    /// it is a real inconsistency and fails the run.
+    fn execute(&self, w: &TpccWorker, tx: &mut Transaction<'_>) -> shoal::Result<()> {
+        match self.execute_inner(w, tx) {
+            Err(shoal::Error::Unsupported(m)) if self.optimistic => Err(shoal::Error::Conflict {
+                txn: tx.id(),
+                detail: m,
+            }),
+            other => other,
+        }
+    }
+
+    fn committed(&self, w: &mut TpccWorker) {
+        if w.cur.kind() == PAYMENT {
+            w.seq += 1;
+        }
+    }
+
+    fn kinds(&self) -> &'static [&'static str] {
+        &KINDS
+    }
+
+    fn kind(&self, w: &TpccWorker) -> usize {
+        w.cur.kind()
+    }
+
+    fn rollback(&self, w: &TpccWorker) -> bool {
+        matches!(w.cur, Txn::NewOrder { rollback: true, .. })
+    }
+
+    fn check(&self, db: &Database, _ledger: &Ledger) -> anyhow::Result<String> {
+        self.check_db(db)
+    }
+}
+
+impl Tpcc {
+    fn execute_inner(&self, w: &TpccWorker, tx: &mut Transaction<'_>) -> shoal::Result<()> {
+        match &w.cur {
+            Txn::NewOrder {
+                w: wh,
+                d,
+                c,
+                lines,
+                rollback,
+                now,
+            } => self.new_order(tx, (*wh, *d, *c), lines, *rollback, *now),
+            Txn::Payment {
+                w: wh,
+                d,
+                c_w,
+                c_d,
+                by,
+                amount,
+                now,
+            } => self.payment(
+                tx,
+                (*wh, *d),
+                (*c_w, *c_d),
+                by,
+                *amount,
+                *now,
+                history_key(w.thread, w.seq),
+            ),
+            Txn::OrderStatus { w: wh, d, by } => self.order_status(tx, *wh, *d, by),
+            Txn::Delivery {
+                w: wh,
+                carrier,
+                now,
+            } => self.delivery(tx, *wh, *carrier, *now),
+            Txn::StockLevel {
+                w: wh,
+                d,
+                threshold,
+            } => self.stock_level(tx, *wh, *d, *threshold).map(|_| ()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tiny(w: u32) -> (Database, Tpcc) {
+        tiny_with(w, shoal::ConcurrencyControl::TwoPhaseLocking)
+    }
+
+    fn tiny_with(w: u32, cc: shoal::ConcurrencyControl) -> (Database, Tpcc) {
+        let db = Database::in_memory_with(shoal::Options {
+            cc,
+            ..shoal::Options::default()
+        });
+        let t = Tpcc::load(&db, Scale::tiny(w), 2, &ProgressBar::hidden()).unwrap();
+        (db, t)
+    }
+
+    fn worker(t: &Tpcc, thread: u16, mix: Mix) -> TpccWorker {
+        TpccWorker {
+            rng: SmallRng::seed_from_u64(u64::from(thread) + 99),
+            mix,
+            thread,
+            seq: 0,
+            cur: t.draw(&mut SmallRng::seed_from_u64(1), STOCK_LEVEL),
+        }
+    }
+
+    /// Runs `n` transactions of each type on `threads` threads; returns (commits,
+    /// rollbacks) per type.
+    fn run(db: &Database, t: &Tpcc, threads: u16, n: usize) -> [(u64, u64); 5] {
+        let outs: Vec<[(u64, u64); 5]> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..threads)
+                .map(|th| {
+                    s.spawn(move || {
+                        let mut out = [(0u64, 0u64); 5];
+                        let mut w = worker(t, th, Mix::Full);
+                        for i in 0..5 * n {
+                            w.mix = [
+                                Mix::NewOrder,
+                                Mix::Payment,
+                                Mix::OrderStatus,
+                                Mix::Delivery,
+                                Mix::StockLevel,
+                            ][i % 5];
+                            t.next(&mut w);
+                            loop {
+                                let mut tx = db.begin();
+                                let r = t.execute(&w, &mut tx);
+                                let r = match r {
+                                    Ok(()) if t.rollback(&w) => {
+                                        tx.abort();
+                                        out[t.kind(&w)].1 += 1;
+                                        break;
+                                    }
+                                    Ok(()) => tx.commit(),
+                                    Err(e) => {
+                                        tx.abort();
+                                        Err(e)
+                                    }
+                                };
+                                match r {
+                                    Ok(()) => {
+                                        t.committed(&mut w);
+                                        out[t.kind(&w)].0 += 1;
+                                        break;
+                                    }
+                                    Err(e) if e.is_retryable() => std::thread::yield_now(),
+                                    Err(e) => panic!("{e}"),
+                                }
+                            }
+                        }
+                        out
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let mut sum = [(0, 0); 5];
+        for o in outs {
+            for (a, b) in sum.iter_mut().zip(o) {
+                a.0 += b.0;
+                a.1 += b.1;
+            }
+        }
+        sum
+    }
+
+    #[test]
+    fn last_names_and_nurand() {
+        assert_eq!(last_name(0), b"BARBARBAR");
+        assert_eq!(last_name(371), b"PRICALLYOUGHT");
+        let mut rng = SmallRng::seed_from_u64(3);
+        for _ in 0..10_000 {
+            let v = nurand(&mut rng, 1023, C_ID, 1, 3000);
+            assert!((1..=3000).contains(&v));
+        }
+    }
+
+    #[test]
+    fn keys_keep_the_spec_orderings() {
+        assert!(wdid(1, 2, 255) < wdid(1, 2, 256));
+        assert!(wdid(1, 9, u32::MAX) < wdid(1, 10, 0));
+        assert!(ol_key(1, 1, 5, 15) < ol_key(1, 1, 6, 1));
+        assert!(cname_key(1, 1, b"ABLE", b"zz", 9) < cname_key(1, 1, b"ABLEABLE", b"a", 1));
+        let (lo, hi) = prefix_range(&[1, 0xff]);
+        assert_eq!(
+            (lo, hi),
+            (Bound::Included(vec![1, 0xff]), Bound::Excluded(vec![2]))
+        );
+    }
+
+    #[test]
+    fn rows_round_trip() {
+        let mut rng = SmallRng::seed_from_u64(5);
+        let p = place(&mut rng, 6);
+        assert_eq!(Place::decode(&p.encode()), Some(p));
+        let l = OrderLine {
+            i_id: 7,
+            supply_w: 2,
+            delivery_d: 0,
+            quantity: 5,
+            amount: 123,
+            dist_info: astring(&mut rng, 24, 24),
+        };
+        assert_eq!(OrderLine::decode(&l.encode()), Some(l.clone()));
+        assert_eq!(OrderLine::decode(&l.encode()[1..]), None);
+    }
+
+    #[test]
+    fn tiny_load_runs_every_transaction_and_stays_consistent() {
+        for cc in [
+            shoal::ConcurrencyControl::TwoPhaseLocking,
+            shoal::ConcurrencyControl::Optimistic,
+        ] {
+            tiny_run(cc);
+        }
+    }
+
+    fn tiny_run(cc: shoal::ConcurrencyControl) {
+        let (db, t) = tiny_with(2, cc);
+        let s = t.check_db(&db).unwrap();
+        assert!(s.contains("conditions 1-4 hold"), "{s}");
+        let n = 40;
+        let per = run(&db, &t, 2, n);
+        for (k, (c, r)) in per.iter().enumerate() {
+            assert_eq!(c + r, 2 * n as u64, "{}", KINDS[k]);
+            if k != NEW_ORDER {
+                assert_eq!(*r, 0);
+            }
+        }
+        t.check_db(&db).unwrap();
+        // Deliveries happened: fewer new orders than loaded plus created.
+        let no = db.run(|tx| tx.scan(&t.new_order, ..)).unwrap().len() as u64;
+        assert!(no < 2 * 10 * 9 + per[NEW_ORDER].0, "{no}");
+    }
+
+    #[test]
+    fn draws_follow_the_mix_and_the_spec_percentages() {
+        let (_db, t) = tiny(3);
+        let mut w = worker(&t, 0, Mix::Full);
+        let n = 40_000;
+        let mut kinds = [0u32; 5];
+        let (mut no, mut rollbacks, mut lines, mut remote_lines) = (0, 0, 0, 0);
+        let (mut pay, mut remote_pay, mut by_name) = (0, 0, 0);
+        for _ in 0..n {
+            t.next(&mut w);
+            kinds[t.kind(&w)] += 1;
+            match &w.cur {
+                Txn::NewOrder {
+                    w: wh,
+                    lines: ls,
+                    rollback,
+                    ..
+                } => {
+                    no += 1;
+                    rollbacks += u32::from(*rollback);
+                    assert!((5..=15).contains(&ls.len()));
+                    for (i, l) in ls.iter().enumerate() {
+                        lines += 1;
+                        remote_lines += u32::from(l.supply_w != *wh);
+                        let unused = l.i_id == t.scale.items + 1;
+                        assert_eq!(unused, *rollback && i + 1 == ls.len());
+                    }
+                }
+                Txn::Payment { w: wh, c_w, by, .. } => {
+                    pay += 1;
+                    remote_pay += u32::from(c_w != wh);
+                    by_name += u32::from(matches!(by, CustomerBy::LastName(_)));
+                }
+                _ => {}
+            }
+        }
+        let pct = |x: u32, of: u32| f64::from(x) * 100.0 / f64::from(of);
+        for (k, want) in [45.0, 43.0, 4.0, 4.0, 4.0].into_iter().enumerate() {
+            let got = pct(kinds[k], n);
+            assert!((got - want).abs() < 1.0, "{}: {got}%", KINDS[k]);
+        }
+        assert!((pct(rollbacks, no) - 1.0).abs() < 0.5);
+        assert!((pct(remote_lines, lines) - 1.0).abs() < 0.3);
+        assert!((pct(remote_pay, pay) - 15.0).abs() < 1.5);
+        assert!((pct(by_name, pay) - 60.0).abs() < 2.0);
+    }
+
+    #[test]
+    fn check_catches_injected_inconsistencies() {
+        let (db, t) = tiny(1);
+        // Condition 1: a district's YTD moves without its warehouse's.
+        db.run(|tx| tx.add(&t.district, dkey(1, 3, 1), 100).map(|_| ()))
+            .unwrap();
+        let e = t.check_db(&db).unwrap_err().to_string();
+        assert!(e.contains("condition 1"), "{e}");
+        db.run(|tx| tx.add(&t.district, dkey(1, 3, 1), -100).map(|_| ()))
+            .unwrap();
+        t.check_db(&db).unwrap();
+        // Condition 3: a hole in the new orders.
+        let first = 30 - 9 + 1;
+        db.run(|tx| tx.delete(&t.new_order, wdid(1, 4, first + 3)).map(|_| ()))
+            .unwrap();
+        let e = t.check_db(&db).unwrap_err().to_string();
+        assert!(e.contains("condition 3"), "{e}");
+        assert!(!e.contains("condition 1"), "{e}");
+        db.run(|tx| tx.insert(&t.new_order, wdid(1, 4, first + 3), []))
+            .unwrap();
+        // Condition 4: a lost order line.
+        db.run(|tx| tx.delete(&t.order_line, ol_key(1, 5, 7, 1)).map(|_| ()))
+            .unwrap();
+        let e = t.check_db(&db).unwrap_err().to_string();
+        assert!(e.contains("condition 4"), "{e}");
+    }
+}

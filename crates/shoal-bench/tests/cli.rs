@@ -1,0 +1,173 @@
+//! Runs the built `shoal` binary on a tiny TPC-B sweep and checks its JSON output.
+
+use std::process::Command;
+
+#[test]
+fn tiny_tpcb_sweep_writes_three_consistent_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("out.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_shoal"))
+        .current_dir(dir.path())
+        .args([
+            "bench",
+            "--scale",
+            "1",
+            "--threads",
+            "1,2",
+            "--cc",
+            "2pl,none",
+            "--warmup",
+            "0",
+            "--duration",
+            "1",
+            "--json",
+            "out.json",
+        ])
+        .output()
+        .expect("run shoal");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "shoal bench failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    assert!(stdout.contains("note: skipping"), "{stdout}");
+    assert!(
+        stdout.contains("cc=none") && stdout.contains("threads=2"),
+        "{stdout}"
+    );
+
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let recs = v.as_array().expect("a JSON array");
+    assert_eq!(recs.len(), 3, "{v:#}");
+    let combos: Vec<(String, u64)> = recs
+        .iter()
+        .map(|r| {
+            (
+                r["cc"].as_str().unwrap().to_string(),
+                r["threads"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        combos,
+        [
+            ("2pl".to_string(), 1),
+            ("2pl".to_string(), 2),
+            ("none".to_string(), 1)
+        ]
+    );
+    for r in recs {
+        for f in [
+            "workload",
+            "engine",
+            "engine_version",
+            "cc",
+            "threads",
+            "duration_s",
+            "warmup_s",
+            "committed",
+            "aborted",
+            "aborted_deadlock",
+            "aborted_lock_timeout",
+            "aborted_conflict",
+            "throughput",
+            "latency_us",
+            "scale",
+            "read_ratio",
+            "seed",
+        ] {
+            assert!(r.get(f).is_some(), "missing {f} in {r:#}");
+        }
+        for f in ["p50", "p99", "p999", "max"] {
+            assert!(r["latency_us"].get(f).is_some(), "missing latency_us.{f}");
+        }
+        assert_eq!(r["workload"], "tpcb");
+        assert_eq!(r["engine"], "shoal");
+        assert_eq!(r["scale"], 1);
+        assert!(r["committed"].as_u64().unwrap() > 0, "{r:#}");
+        assert!(r["throughput"].as_f64().unwrap() > 0.0, "{r:#}");
+        assert_eq!(r["consistent"], true, "{r:#}");
+    }
+}
+
+#[test]
+fn bad_options_fail_with_usage() {
+    let out = Command::new(env!("CARGO_BIN_EXE_shoal"))
+        .args(["bench", "--threads", "0"])
+        .output()
+        .expect("run shoal");
+    assert!(!out.status.success());
+}
+
+#[test]
+fn tiny_tpcc_full_mix_reports_per_type_and_passes_the_check() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_shoal"))
+        .current_dir(dir.path())
+        .env("SHOAL_TPCC_TINY", "1")
+        .args([
+            "bench",
+            "tpcc",
+            "--warehouses",
+            "2",
+            "--threads",
+            "2",
+            "--cc",
+            "2pl,occ",
+            "--warmup",
+            "0",
+            "--duration",
+            "1",
+            "--json",
+            "out.json",
+            "--no-progress",
+        ])
+        .output()
+        .expect("run shoal");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "shoal bench tpcc failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    assert!(stdout.contains("per transaction type"), "{stdout}");
+    assert!(stdout.contains("new-order"), "{stdout}");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("out.json")).unwrap())
+            .unwrap();
+    let recs = v.as_array().expect("a JSON array");
+    assert_eq!(recs.len(), 2, "{v:#}");
+    for r in recs {
+        assert_eq!(r["workload"], "tpcc");
+        assert_eq!(r["warehouses"], 2);
+        assert_eq!(r["mix"], "full");
+        assert_eq!(r["consistent"], true, "{r:#}");
+        assert!(r["check"].as_str().unwrap().contains("conditions 1-4 hold"));
+        let types: Vec<&str> = r["per_type"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["type"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            types,
+            [
+                "new-order",
+                "payment",
+                "order-status",
+                "delivery",
+                "stock-level"
+            ]
+        );
+        let per = r["per_type"].as_array().unwrap();
+        let commits: u64 = per.iter().map(|t| t["committed"].as_u64().unwrap()).sum();
+        assert_eq!(commits, r["committed"].as_u64().unwrap());
+        assert!(per[0]["committed"].as_u64().unwrap() > 0, "{r:#}");
+        assert!(per[0]["latency_us"]["p90"].is_number());
+        let rolled: u64 = per.iter().map(|t| t["rolled_back"].as_u64().unwrap()).sum();
+        assert_eq!(rolled, per[0]["rolled_back"].as_u64().unwrap());
+        assert_eq!(rolled, r["rolled_back"].as_u64().unwrap());
+    }
+}

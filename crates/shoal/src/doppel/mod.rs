@@ -1,0 +1,937 @@
+//! Doppel phase reconciliation (Narula 2015, chapters 3-5), selected with
+//! [`ConcurrencyControl::Doppel`](crate::ConcurrencyControl::Doppel).
+//!
+//! **Phases.** The database alternates between *joined* phases, where every transaction runs
+//! the optimistic (Silo) protocol of [`ConcurrencyControl::Optimistic`](crate::ConcurrencyControl::Optimistic),
+//! and *split* phases, where a set of hot records is *split*: each has one *selected
+//! operation* ([`SplitOp`]: ADD, MAX, MIN, OPUT, TOPKINSERT(K)) and every use of that operation
+//! through the blind API ([`Transaction::add_blind`](crate::Transaction::add_blind),
+//! [`max_blind`](crate::Transaction::max_blind), [`min_blind`](crate::Transaction::min_blind),
+//! [`oput`](crate::Transaction::oput), [`topk_insert`](crate::Transaction::topk_insert)) is
+//! buffered in the transaction's split write set and, once the transaction's OCC commit
+//! succeeded, folded into the committing worker's *slice* of the record (OP_delta) instead of
+//! the record. Anything else on a split record in a split phase — a read (`get`, a scan over
+//! it, the value-returning `add`/`max`/`min`), a `put`/`insert`/`delete`, or a different
+//! operation — *stashes* the transaction: it fails with the retryable [`Error::Stashed`]
+//! (and is rolled back), and the thread's next [`Database::begin`] waits for the next joined
+//! phase, so [`Database::run`] re-runs it there (not counted as a retry, no backoff).
+//! Transactions never straddle phases.
+//!
+//! **Coordinator.** One thread per database changes phases. From joined to split when the
+//! classification (below) or [`Database::split_hint`] names records to split; from split to
+//! joined when stashed work waits: [`DoppelOptions::split_phase`] (t_s) after the first stash
+//! of the phase, or as soon as [`DoppelOptions::stash_threshold`] (n_s) transactions were
+//! stashed, or when the classification changes the split set. A joined phase lasts until every
+//! stashed thread has begun its re-run (at most [`DoppelOptions::max_joined`]). To change
+//! phase the coordinator sets a *changing* flag; `begin()` calls that see it wait, while
+//! transactions already running finish (a phase change waits only for those). A thread that
+//! begins a transaction while it already has one open on this database joins the current
+//! phase at once, so nested transactions cannot deadlock a change; and if running
+//! transactions do not drain within [`DoppelOptions::drain_timeout`] (say a transaction that
+//! waits for another thread's `begin()`), the change is cancelled, the waiting `begin()`s go
+//! on, and the coordinator tries again later. When the split phase ends, each worker's slices
+//! are merged into the global records (OP_reconcile) while no transaction runs; the next
+//! phase starts after that.
+//!
+//! **Workers and slices.** Each thread gets a small integer [`worker_id`] on first use
+//! (process-wide, reused after the thread exits). A thread uses slice set
+//! `worker_id % DoppelOptions::slots`; the default 64 slots give every thread of a
+//! bench harness its own slices. Threads that share a slot are still correct (the slot has a
+//! mutex) but contend. The worker id is also the *writer* of the ordered tuples a thread
+//! writes with OPUT and TOPKINSERT (the thesis' core id).
+//!
+//! **Classification** (§3.6, §5.1). Every [`DoppelOptions::sample_every`]-th transaction of a
+//! thread counts the operations it issued per record (ADD/MAX/MIN/OPUT/TOPK through the blind
+//! API, reads, writes); every OCC abort counts a conflict for the record that failed
+//! validation and the operation the transaction used on it. Every
+//! [`DoppelOptions::classify_interval`] (t_c) the coordinator evaluates for each record and
+//! splittable operation `savings = w_c·c_op + w_i·n_op` and
+//! `impact = savings / max(1, n − n_op)`, and splits the record for its best operation when
+//! `c_op ≥ min_conflicts` and impact exceeds [`DoppelOptions::split_threshold`] (or
+//! [`DoppelOptions::split_threshold_after_first`] once some record is split); a split record
+//! whose impact for its selected operation falls below [`DoppelOptions::join_threshold`]
+//! goes back to joined. Records named by [`Database::split_hint`] stay split until
+//! [`Database::clear_split_hint`].
+//!
+//! **Logging.** A split-phase commit logs its joined after-images and its split operations
+//! (as operations, [`crate::log::record::LogRecord::Ops`]) in one record,
+//! before it applies them to its slice; the end of a split phase logs the reconciled values
+//! as after-images. Recovery replays in log order: within a split phase only split operations
+//! touch a split record, and they commute, so replaying them on the last after-image gives
+//! the reconciled value; the reconciliation record then resets the record idempotently.
+//! Checkpoints run only inside joined phases (they hold off phase changes meanwhile), so a
+//! checkpoint never misses slices that were not reconciled.
+//!
+//! **Value encodings.** Integers (ADD, MAX, MIN) are 8-byte little-endian `i64`. An ordered
+//! tuple (OPUT) is `order: i64 LE | writer: u32 LE | bytes` ([`OrderedTuple::encode`]); a
+//! tuple `(o', j', x')` replaces `(o, j, x)` when `(o', j') > (o, j)`, and an absent record
+//! counts as order −∞. A top-K set (TOPKINSERT) is `n: u32 LE` followed by `n` entries
+//! `order: i64 LE | writer: u32 LE | len: u32 LE | bytes[len]`, largest order first
+//! ([`encode_topk`]), with at most one entry per order (the highest writer id) and at most K
+//! entries (an insert beyond K drops the smallest order). Read them with
+//! [`Transaction::get_tuple`](crate::Transaction::get_tuple) and
+//! [`Transaction::get_topk`](crate::Transaction::get_topk).
+//!
+//! [`Database::begin`]: crate::Database::begin
+//! [`Database::run`]: crate::Database::run
+//! [`Database::split_hint`]: crate::Database::split_hint
+//! [`Database::clear_split_hint`]: crate::Database::clear_split_hint
+//! [`Error::Stashed`]: crate::Error::Stashed
+
+mod ops;
+mod value;
+
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use crossbeam_utils::CachePadded;
+use parking_lot::{Condvar, Mutex};
+use rustc_hash::FxHashMap;
+
+pub(crate) use ops::Delta;
+pub use ops::SplitOp;
+pub use value::{decode_topk, encode_topk, OrderedTuple, TUPLE_HEADER};
+pub(crate) use value::{decode_topk_at, decode_tuple_at};
+
+use crate::db::{DbInner, Table};
+use crate::error::{Error, Result};
+use crate::lock::TableId;
+use crate::log::record::{LogRecord, Write as LogWrite};
+use crate::storage::btree::Record;
+use crate::txn::occ::LOCK_BIT;
+
+/// Parameters of Doppel, with the thesis' values as defaults (§3.5, §3.6, §7).
+///
+/// ```
+/// use shoal::{ConcurrencyControl, Database, Options};
+/// use shoal::doppel::DoppelOptions;
+/// use std::time::Duration;
+/// let db = Database::in_memory_with(Options {
+///     cc: ConcurrencyControl::Doppel,
+///     doppel: DoppelOptions { split_phase: Duration::from_millis(5), ..DoppelOptions::default() },
+///     ..Options::default()
+/// });
+/// assert_eq!(db.options().doppel.classify_interval, Duration::from_millis(200));
+/// ```
+#[derive(Clone, Debug)]
+pub struct DoppelOptions {
+    /// t_s: longest time stashed work waits in a split phase. Default 20 ms.
+    pub split_phase: Duration,
+    /// n_s: end the split phase early once this many transactions were stashed in it.
+    /// Default 100 000.
+    pub stash_threshold: u64,
+    /// t_c: how often the statistics are evaluated. Default 200 ms.
+    pub classify_interval: Duration,
+    /// w_c: weight of sampled conflicts. Default 2.
+    pub conflict_weight: f64,
+    /// w_i: weight of sampled issued operations. Default 1.
+    pub issue_weight: f64,
+    /// Impact above which a record is split while nothing is split. Default 2.0. (The
+    /// thesis gives no numbers; these are ours.)
+    pub split_threshold: f64,
+    /// Impact above which a further record is split once one is (phases change anyway, so
+    /// the next split costs less). Default 1.0.
+    pub split_threshold_after_first: f64,
+    /// Impact below which a split record goes back to joined. Default 0.5.
+    pub join_threshold: f64,
+    /// Fewest conflicts per interval before a record is considered for splitting. Default 10.
+    pub min_conflicts: u64,
+    /// One transaction in this many (per thread) counts its operations. Default 8.
+    pub sample_every: u32,
+    /// Automatic classification; off leaves only [`Database::split_hint`](crate::Database::split_hint).
+    /// Default on.
+    pub auto_classify: bool,
+    /// Number of slice sets (workers); threads map to `worker_id % slots`. Default 64.
+    pub slots: usize,
+    /// How long a phase change waits for running transactions before it is cancelled and
+    /// retried later. Default 50 ms.
+    pub drain_timeout: Duration,
+    /// Longest joined phase while stashed threads have not yet begun their re-runs.
+    /// Default 20 ms.
+    pub max_joined: Duration,
+}
+
+impl Default for DoppelOptions {
+    fn default() -> Self {
+        DoppelOptions {
+            split_phase: Duration::from_millis(20),
+            stash_threshold: 100_000,
+            classify_interval: Duration::from_millis(200),
+            conflict_weight: 2.0,
+            issue_weight: 1.0,
+            split_threshold: 2.0,
+            split_threshold_after_first: 1.0,
+            join_threshold: 0.5,
+            min_conflicts: 10,
+            sample_every: 8,
+            auto_classify: true,
+            slots: 64,
+            drain_timeout: Duration::from_millis(50),
+            max_joined: Duration::from_millis(20),
+        }
+    }
+}
+
+/// The phase the database is in.
+///
+/// ```
+/// use shoal::doppel::Phase;
+/// assert_ne!(Phase::Joined, Phase::Split);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Every record joined; OCC for everything.
+    Joined,
+    /// Some records split.
+    Split,
+}
+
+/// Counters of the Doppel runtime, from [`Database::doppel_stats`](crate::Database::doppel_stats).
+///
+/// ```
+/// # fn main() -> shoal::Result<()> {
+/// use shoal::{ConcurrencyControl, Database, Options};
+/// let db = Database::in_memory_with(Options { cc: ConcurrencyControl::Doppel, ..Options::default() });
+/// let s = db.doppel_stats().expect("a Doppel database");
+/// assert_eq!(s.split_keys, 0);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct DoppelStats {
+    /// The current phase (`None` never: kept optional for forward compatibility).
+    pub phase: Option<Phase>,
+    /// Phase number: grows by one with every phase change.
+    pub epoch: u64,
+    /// Split phases entered so far.
+    pub split_phases: u64,
+    /// Transactions stashed so far.
+    pub stashed: u64,
+    /// Records split now.
+    pub split_keys: usize,
+    /// Most records split at once so far.
+    pub max_split_keys: usize,
+    /// Phase changes cancelled because running transactions did not drain in time.
+    pub cancelled_changes: u64,
+}
+
+// ----- worker ids ---------------------------------------------------------------------------
+
+static NEXT_WORKER: AtomicU32 = AtomicU32::new(0);
+static FREE_WORKERS: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+
+struct WorkerGuard(u32);
+
+impl WorkerGuard {
+    fn register() -> WorkerGuard {
+        let mut free = FREE_WORKERS.lock();
+        // Smallest free id first, so live threads keep small, distinct ids.
+        let id = match free.iter().enumerate().min_by_key(|(_, v)| **v) {
+            Some((i, _)) => free.swap_remove(i),
+            None => NEXT_WORKER.fetch_add(1, Ordering::Relaxed),
+        };
+        WorkerGuard(id)
+    }
+}
+
+impl Drop for WorkerGuard {
+    fn drop(&mut self) {
+        FREE_WORKERS.lock().push(self.0);
+    }
+}
+
+thread_local! {
+    static WORKER: WorkerGuard = WorkerGuard::register();
+    /// Per database: open transactions of this thread.
+    static ACTIVE: RefCell<Vec<(u64, u32)>> = const { RefCell::new(Vec::new()) };
+    /// Per database: the split phase in which this thread last had a transaction stashed.
+    static STASHED: RefCell<Vec<StashMark>> = const { RefCell::new(Vec::new()) };
+    /// Transactions begun on this thread (for sampling).
+    static BEGUN: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// This thread's worker id: a small integer, distinct among live threads, assigned on first
+/// use and reused after the thread exits. It picks the thread's slice set under Doppel and is
+/// the writer id of the ordered tuples it writes.
+///
+/// ```
+/// let me = shoal::doppel::worker_id();
+/// assert_eq!(me, shoal::doppel::worker_id());
+/// let other = std::thread::spawn(shoal::doppel::worker_id).join().unwrap();
+/// assert_ne!(me, other);
+/// ```
+pub fn worker_id() -> u32 {
+    // A thread-local being destroyed (thread exit) answers with a fresh id.
+    WORKER
+        .try_with(|w| w.0)
+        .unwrap_or_else(|_| NEXT_WORKER.fetch_add(1, Ordering::Relaxed))
+}
+
+struct StashMark {
+    db: u64,
+    epoch: u64,
+    owner: Weak<Doppel>,
+}
+
+impl Drop for StashMark {
+    fn drop(&mut self) {
+        if let Some(d) = self.owner.upgrade() {
+            d.pending.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+fn active_count(db: u64) -> u32 {
+    ACTIVE.with(|a| {
+        a.borrow()
+            .iter()
+            .find(|(d, _)| *d == db)
+            .map_or(0, |(_, n)| *n)
+    })
+}
+
+fn active_add(db: u64, delta: i32) {
+    let _ = ACTIVE.try_with(|a| {
+        let mut a = a.borrow_mut();
+        match a.iter_mut().position(|(d, _)| *d == db) {
+            Some(i) => {
+                a[i].1 = a[i].1.saturating_add_signed(delta);
+                if a[i].1 == 0 {
+                    a.swap_remove(i);
+                }
+            }
+            None if delta > 0 => a.push((db, delta as u32)),
+            None => {}
+        }
+    });
+}
+
+// ----- the runtime --------------------------------------------------------------------------
+
+const SPLIT: u64 = 1;
+const CHANGING: u64 = 2;
+
+fn epoch_of(w: u64) -> u64 {
+    w >> 2
+}
+
+pub(crate) type Key = (TableId, Box<[u8]>);
+
+/// A key's hash, for matching a conflict to the operation that used the key.
+pub(crate) fn key_hash(key: &[u8]) -> u64 {
+    use std::hash::Hasher;
+    let mut h = rustc_hash::FxHasher::default();
+    h.write(key);
+    h.finish()
+}
+type SplitMap = FxHashMap<TableId, FxHashMap<Box<[u8]>, SplitOp>>;
+
+/// What a transaction did with a record, for the statistics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum OpClass {
+    Read,
+    Write,
+    Split(SplitOp),
+}
+
+#[derive(Default)]
+struct SlotData {
+    split: SplitMap,
+    slices: FxHashMap<Key, Delta>,
+    /// Per record: (operation, sampled issue count, conflict count).
+    stats: FxHashMap<Key, Vec<(OpClass, u64, u64)>>,
+}
+
+#[derive(Default)]
+struct Slot {
+    /// Transactions running on this slot (plus checkpoint pins).
+    active: AtomicU64,
+    data: Mutex<SlotData>,
+}
+
+#[derive(Default)]
+struct Control {
+    hints: FxHashMap<Key, SplitOp>,
+    current: FxHashMap<Key, SplitOp>,
+    desired: FxHashMap<Key, SplitOp>,
+    reclassify: bool,
+}
+
+/// The Doppel runtime of one database.
+pub(crate) struct Doppel {
+    db: u64,
+    opts: DoppelOptions,
+    word: CachePadded<AtomicU64>,
+    slots: Box<[CachePadded<Slot>]>,
+    gate: Mutex<()>,
+    cv: Condvar,
+    base: Instant,
+    stashes: AtomicU64,
+    first_stash: AtomicU64,
+    pending: AtomicI64,
+    total_stashed: AtomicU64,
+    split_phases: AtomicU64,
+    cancelled: AtomicU64,
+    max_split: AtomicU64,
+    ctl: Mutex<Control>,
+    stop: AtomicBool,
+}
+
+/// A transaction's place in a phase.
+pub(crate) struct Entered {
+    pub(crate) slot: usize,
+    pub(crate) epoch: u64,
+    pub(crate) split: bool,
+    pub(crate) sampled: bool,
+}
+
+impl Doppel {
+    pub(crate) fn new(db: u64, opts: DoppelOptions) -> Arc<Doppel> {
+        let n = opts.slots.max(1);
+        Arc::new(Doppel {
+            db,
+            opts,
+            word: CachePadded::new(AtomicU64::new(0)),
+            slots: (0..n).map(|_| CachePadded::new(Slot::default())).collect(),
+            gate: Mutex::new(()),
+            cv: Condvar::new(),
+            base: Instant::now(),
+            stashes: AtomicU64::new(0),
+            first_stash: AtomicU64::new(0),
+            pending: AtomicI64::new(0),
+            total_stashed: AtomicU64::new(0),
+            split_phases: AtomicU64::new(0),
+            cancelled: AtomicU64::new(0),
+            max_split: AtomicU64::new(0),
+            ctl: Mutex::new(Control::default()),
+            stop: AtomicBool::new(false),
+        })
+    }
+
+    fn now_ns(&self) -> u64 {
+        (self.base.elapsed().as_nanos() as u64).max(1)
+    }
+
+    /// Waits (briefly) until the phase word is no longer `w`.
+    fn wait_while(&self, w: u64) {
+        let mut g = self.gate.lock();
+        if self.word.load(Ordering::SeqCst) == w {
+            self.cv.wait_for(&mut g, Duration::from_millis(1));
+        }
+    }
+
+    fn wake(&self) {
+        let _g = self.gate.lock();
+        self.cv.notify_all();
+    }
+
+    /// Registers a transaction (or a checkpoint pin, `joined_only`) in the current phase; see
+    /// the module documentation.
+    pub(crate) fn enter(self: &Arc<Self>, joined_only: bool) -> Entered {
+        let slot = worker_id() as usize % self.slots.len();
+        let nested = active_count(self.db) > 0;
+        let mark = if nested {
+            None
+        } else {
+            STASHED.with(|s| s.borrow().iter().find(|m| m.db == self.db).map(|m| m.epoch))
+        };
+        let w = loop {
+            let w = self.word.load(Ordering::SeqCst);
+            if !nested {
+                let wait_joined = joined_only || mark.is_some();
+                if w & CHANGING != 0
+                    || (wait_joined && w & SPLIT != 0)
+                    || mark.is_some_and(|e| epoch_of(w) <= e)
+                {
+                    self.wait_while(w);
+                    continue;
+                }
+            }
+            self.slots[slot].active.fetch_add(1, Ordering::SeqCst);
+            if nested || self.word.load(Ordering::SeqCst) == w {
+                break w;
+            }
+            self.slots[slot].active.fetch_sub(1, Ordering::SeqCst);
+        };
+        if mark.is_some() {
+            // The re-run has begun in a joined phase: the mark goes (and with it the pending
+            // count the coordinator waits for).
+            STASHED.with(|s| s.borrow_mut().retain(|m| m.db != self.db));
+        }
+        active_add(self.db, 1);
+        let every = self.opts.sample_every.max(1);
+        let sampled = BEGUN.with(|b| {
+            let n = b.get().wrapping_add(1);
+            b.set(n);
+            n % every == 0
+        });
+        Entered {
+            slot,
+            epoch: epoch_of(w),
+            split: w & SPLIT != 0,
+            sampled,
+        }
+    }
+
+    /// Ends what [`enter`](Self::enter) began.
+    pub(crate) fn exit(&self, slot: usize) {
+        active_add(self.db, -1);
+        self.slots[slot].active.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// The selected operation of a split record, if `key` is split (split phases only).
+    pub(crate) fn split_op(&self, slot: usize, table: TableId, key: &[u8]) -> Option<SplitOp> {
+        let d = self.slots[slot].data.lock();
+        d.split.get(&table)?.get(key).copied()
+    }
+
+    /// Whether a split record of `table` lies in the range.
+    pub(crate) fn split_in_range(
+        &self,
+        slot: usize,
+        table: TableId,
+        lo: std::ops::Bound<&[u8]>,
+        hi: std::ops::Bound<&[u8]>,
+    ) -> bool {
+        use std::ops::RangeBounds;
+        let d = self.slots[slot].data.lock();
+        d.split
+            .get(&table)
+            .is_some_and(|m| m.keys().any(|k| (lo, hi).contains(&k[..])))
+    }
+
+    /// A transaction of split phase `epoch` was stashed.
+    pub(crate) fn stash(self: &Arc<Self>, epoch: u64) {
+        self.total_stashed.fetch_add(1, Ordering::Relaxed);
+        if self.stashes.fetch_add(1, Ordering::AcqRel) == 0 {
+            let _ = self.first_stash.compare_exchange(
+                0,
+                self.now_ns(),
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            );
+        }
+        STASHED.with(|s| {
+            let mut s = s.borrow_mut();
+            match s.iter_mut().find(|m| m.db == self.db) {
+                Some(m) => m.epoch = m.epoch.max(epoch),
+                None => {
+                    self.pending.fetch_add(1, Ordering::AcqRel);
+                    s.push(StashMark {
+                        db: self.db,
+                        epoch,
+                        owner: Arc::downgrade(self),
+                    });
+                }
+            }
+        });
+    }
+
+    /// Folds a committed transaction's split operations into its slot's slices (OP_delta).
+    pub(crate) fn apply_slices(&self, slot: usize, sw: Vec<(TableId, Box<[u8]>, Delta)>) {
+        let mut d = self.slots[slot].data.lock();
+        for (t, k, delta) in sw {
+            match d.slices.entry((t, k)) {
+                std::collections::hash_map::Entry::Occupied(mut e) => e.get_mut().merge(delta),
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    e.insert(delta);
+                }
+            }
+        }
+    }
+
+    /// Counts a finished transaction's operations (when sampled: `keys` parallels `ops`) and
+    /// its conflict.
+    pub(crate) fn record(
+        &self,
+        slot: usize,
+        ops: &[(TableId, u64, OpClass)],
+        keys: &[Box<[u8]>],
+        sampled: bool,
+        conflict: Option<(TableId, Box<[u8]>)>,
+    ) {
+        if !self.opts.auto_classify || (!sampled && conflict.is_none()) {
+            return;
+        }
+        let every = u64::from(self.opts.sample_every.max(1));
+        let mut d = self.slots[slot].data.lock();
+        let mut bump = |table: TableId, key: &[u8], class: OpClass, n: u64, c: u64| {
+            let k: Key = (table, key.into());
+            let v = d.stats.entry(k).or_default();
+            match v.iter_mut().find(|e| e.0 == class) {
+                Some(e) => {
+                    e.1 += n;
+                    e.2 += c;
+                }
+                None => v.push((class, n, c)),
+            }
+        };
+        if sampled && keys.len() == ops.len() {
+            for ((t, _, class), k) in ops.iter().zip(keys) {
+                bump(*t, k, *class, every, 0);
+            }
+        }
+        if let Some((t, k)) = conflict {
+            let h = key_hash(&k);
+            let class = ops
+                .iter()
+                .rev()
+                .find(|(ot, oh, _)| *ot == t && *oh == h)
+                .map_or(OpClass::Read, |o| o.2);
+            bump(t, &k, class, 0, 1);
+        }
+    }
+
+    /// Evaluates the statistics gathered since the last call (§3.6).
+    fn classify(&self) -> FxHashMap<Key, SplitOp> {
+        let mut all: FxHashMap<Key, Vec<(OpClass, u64, u64)>> = FxHashMap::default();
+        for s in self.slots.iter() {
+            let stats = std::mem::take(&mut s.data.lock().stats);
+            for (k, v) in stats {
+                let e = all.entry(k).or_default();
+                for (class, n, c) in v {
+                    match e.iter_mut().find(|x| x.0 == class) {
+                        Some(x) => {
+                            x.1 += n;
+                            x.2 += c;
+                        }
+                        None => e.push((class, n, c)),
+                    }
+                }
+            }
+        }
+        let ctl = self.ctl.lock();
+        let mut out = ctl.hints.clone();
+        if !self.opts.auto_classify {
+            return out;
+        }
+        let o = &self.opts;
+        let mut any = !ctl.current.is_empty() || !out.is_empty();
+        // Most conflicted first, so the higher first-split threshold applies to the best.
+        let mut scored: Vec<(Key, SplitOp, f64, u64)> = all
+            .into_iter()
+            .filter_map(|(k, v)| {
+                let n: u64 = v.iter().map(|e| e.1).sum();
+                v.iter()
+                    .filter_map(|&(class, n_op, c_op)| match class {
+                        OpClass::Split(op) => {
+                            let savings =
+                                o.conflict_weight * c_op as f64 + o.issue_weight * n_op as f64;
+                            let impact = savings / (n.saturating_sub(n_op).max(1)) as f64;
+                            Some((op, impact, c_op))
+                        }
+                        _ => None,
+                    })
+                    .max_by(|a, b| a.1.total_cmp(&b.1))
+                    .map(|(op, impact, c)| (k, op, impact, c))
+            })
+            .collect();
+        scored.sort_by_key(|e| std::cmp::Reverse(e.3));
+        for (k, op, impact, c) in scored {
+            if out.contains_key(&k) {
+                continue;
+            }
+            if ctl.current.get(&k) == Some(&op) {
+                if impact >= o.join_threshold {
+                    out.insert(k, op);
+                }
+            } else {
+                let t = if any {
+                    o.split_threshold_after_first
+                } else {
+                    o.split_threshold
+                };
+                if c >= o.min_conflicts && impact > t {
+                    out.insert(k, op);
+                    any = true;
+                }
+            }
+        }
+        out
+    }
+
+    /// Changes phase: to split with `target`, or to joined (`None`). False when cancelled.
+    fn change(&self, inner: &DbInner, target: Option<&FxHashMap<Key, SplitOp>>) -> bool {
+        let w = self.word.load(Ordering::SeqCst);
+        self.word.store(w | CHANGING, Ordering::SeqCst);
+        let start = Instant::now();
+        let mut spins = 0u32;
+        while self
+            .slots
+            .iter()
+            .any(|s| s.active.load(Ordering::SeqCst) != 0)
+        {
+            if start.elapsed() > self.opts.drain_timeout {
+                self.word.store(w, Ordering::SeqCst);
+                self.cancelled.fetch_add(1, Ordering::Relaxed);
+                self.wake();
+                return false;
+            }
+            spins += 1;
+            if spins < 100 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        }
+        if w & SPLIT != 0 {
+            self.reconcile(inner);
+        }
+        let mut ctl = self.ctl.lock();
+        let mut map: SplitMap = FxHashMap::default();
+        ctl.current.clear();
+        if let Some(target) = target {
+            for ((t, k), op) in target {
+                let Some(table) = inner.table_by_id(*t) else {
+                    continue;
+                };
+                let fits = table.inner.tree.get(k, |r| match r {
+                    Some(r) if !r.ghost => op.fits(Some(&r.value)),
+                    _ => true,
+                });
+                if fits {
+                    map.entry(*t).or_default().insert(k.clone(), *op);
+                    ctl.current.insert((*t, k.clone()), *op);
+                }
+            }
+        }
+        let n = ctl.current.len();
+        drop(ctl);
+        for s in self.slots.iter() {
+            s.data.lock().split = map.clone();
+        }
+        let split = target.is_some() && n > 0;
+        if split {
+            self.split_phases.fetch_add(1, Ordering::Relaxed);
+            self.max_split.fetch_max(n as u64, Ordering::Relaxed);
+        }
+        self.stashes.store(0, Ordering::SeqCst);
+        self.first_stash.store(0, Ordering::SeqCst);
+        let next = ((epoch_of(w) + 1) << 2) | if split { SPLIT } else { 0 };
+        self.word.store(next, Ordering::SeqCst);
+        self.wake();
+        true
+    }
+
+    /// OP_reconcile for every slice of every worker, while no transaction runs; logs the
+    /// reconciled values.
+    fn reconcile(&self, inner: &DbInner) {
+        let mut touched: FxHashMap<Key, Table> = FxHashMap::default();
+        for s in self.slots.iter() {
+            let slices = std::mem::take(&mut s.data.lock().slices);
+            for ((t, k), d) in slices {
+                let Some(table) = inner.table_by_id(t) else {
+                    continue;
+                };
+                table.inner.tree.update(&k, |rec| {
+                    let (cur, tid) = match rec {
+                        Some(r) if !r.ghost => (Some(&r.value[..]), r.tid),
+                        Some(r) => (None, r.tid),
+                        None => (None, 0),
+                    };
+                    // `fits` was checked when the record was split and nothing else wrote it
+                    // since, so this cannot fail; keep the old value if it does anyway.
+                    if let Ok(value) = d.apply(&k, cur, true) {
+                        *rec = Some(Record {
+                            value,
+                            ghost: false,
+                            tid: ((tid & !LOCK_BIT) + 1) & !LOCK_BIT,
+                        });
+                    }
+                });
+                touched.entry((t, k)).or_insert(table);
+            }
+        }
+        if let (Some(log), false) = (&inner.log, touched.is_empty()) {
+            let writes = touched
+                .iter()
+                .map(|((_, k), t)| LogWrite {
+                    table: t.inner.id,
+                    key: k.to_vec(),
+                    value: t
+                        .inner
+                        .tree
+                        .get(k, |r| r.filter(|r| !r.ghost).map(|r| r.value.clone())),
+                })
+                .collect();
+            let txn = inner.next_txn.fetch_add(1, Ordering::Relaxed);
+            // A failed log insert leaves the operation records, which replay to the same
+            // values; the log reports its own failure to the next committer.
+            let _ = log.insert(&LogRecord::Commit { txn, writes }.encode());
+        }
+    }
+
+    fn stats(&self) -> DoppelStats {
+        let w = self.word.load(Ordering::SeqCst);
+        DoppelStats {
+            phase: Some(if w & SPLIT != 0 {
+                Phase::Split
+            } else {
+                Phase::Joined
+            }),
+            epoch: epoch_of(w),
+            split_phases: self.split_phases.load(Ordering::Relaxed),
+            stashed: self.total_stashed.load(Ordering::Relaxed),
+            split_keys: self.ctl.lock().current.len(),
+            max_split_keys: self.max_split.load(Ordering::Relaxed) as usize,
+            cancelled_changes: self.cancelled.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The coordinator loop (§5.2).
+    fn coordinate(self: Arc<Self>, db: Weak<DbInner>) {
+        let o = self.opts.clone();
+        let tick = (o.split_phase / 10).clamp(Duration::from_micros(100), Duration::from_millis(1));
+        let mut last_classify = Instant::now();
+        let mut joined_since = Instant::now();
+        let mut split_since = Instant::now();
+        loop {
+            std::thread::sleep(tick);
+            if self.stop.load(Ordering::Acquire) {
+                return;
+            }
+            // The database is upgraded only for a phase change, so a dropped database is not
+            // kept alive (and its directory locked) by this thread in between.
+            if db.strong_count() == 0 {
+                return;
+            }
+            let reclassify = std::mem::take(&mut self.ctl.lock().reclassify);
+            if reclassify || last_classify.elapsed() >= o.classify_interval {
+                let d = self.classify();
+                self.ctl.lock().desired = d;
+                last_classify = Instant::now();
+            }
+            let (desired, current) = {
+                let c = self.ctl.lock();
+                (c.desired.clone(), c.current.clone())
+            };
+            let w = self.word.load(Ordering::SeqCst);
+            if w & SPLIT == 0 {
+                if self.pending.load(Ordering::Acquire) > 0 && joined_since.elapsed() < o.max_joined
+                {
+                    continue;
+                }
+                if !desired.is_empty() {
+                    let Some(inner) = db.upgrade() else { return };
+                    if self.change(&inner, Some(&desired)) {
+                        split_since = Instant::now();
+                    }
+                }
+            } else {
+                let n = self.stashes.load(Ordering::Acquire);
+                let first = self.first_stash.load(Ordering::Acquire);
+                // Stashed threads whose joined phase was cut short (`max_joined`) still wait:
+                // they count as stashed at the start of this phase.
+                let waiting = self.pending.load(Ordering::Acquire) > 0
+                    && split_since.elapsed() >= o.split_phase;
+                let due = n >= o.stash_threshold
+                    || waiting
+                    || (first != 0
+                        && self.now_ns().saturating_sub(first) >= o.split_phase.as_nanos() as u64);
+                if due || desired != current {
+                    let Some(inner) = db.upgrade() else { return };
+                    if self.change(&inner, None) {
+                        joined_since = Instant::now();
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The handle the database keeps: the runtime plus its coordinator thread.
+pub(crate) struct DoppelHandle {
+    pub(crate) rt: Arc<Doppel>,
+}
+
+impl Drop for DoppelHandle {
+    fn drop(&mut self) {
+        self.rt.stop.store(true, Ordering::Release);
+    }
+}
+
+impl DoppelHandle {
+    pub(crate) fn new(db: u64, opts: DoppelOptions) -> DoppelHandle {
+        DoppelHandle {
+            rt: Doppel::new(db, opts),
+        }
+    }
+
+    /// Starts the coordinator thread.
+    pub(crate) fn spawn(&self, db: Weak<DbInner>) -> Result<()> {
+        let rt = Arc::clone(&self.rt);
+        std::thread::Builder::new()
+            .name("shoal-doppel".into())
+            .spawn(move || rt.coordinate(db))
+            .map(|_| ())
+            .map_err(|source| Error::Io {
+                path: "<doppel coordinator thread>".into(),
+                source,
+            })
+    }
+
+    pub(crate) fn hint(&self, key: Key, op: Option<SplitOp>) {
+        let mut c = self.rt.ctl.lock();
+        match op {
+            Some(op) => {
+                c.hints.insert(key, op);
+            }
+            None => {
+                c.hints.remove(&key);
+            }
+        }
+        c.reclassify = true;
+    }
+
+    pub(crate) fn stats(&self) -> DoppelStats {
+        self.rt.stats()
+    }
+
+    pub(crate) fn split_keys(&self) -> Vec<(TableId, Vec<u8>, SplitOp)> {
+        let mut v: Vec<_> = self
+            .rt
+            .ctl
+            .lock()
+            .current
+            .iter()
+            .map(|((t, k), op)| (*t, k.to_vec(), *op))
+            .collect();
+        v.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+        v
+    }
+}
+
+/// Holds off phase changes while a checkpoint runs, inside a joined phase.
+pub(crate) struct Pin {
+    rt: Arc<Doppel>,
+    slot: usize,
+}
+
+impl Pin {
+    pub(crate) fn new(rt: &Arc<Doppel>) -> Result<Pin> {
+        // Nested in a transaction of this thread, the phase cannot change: a split one would
+        // never end.
+        if active_count(rt.db) > 0 && rt.word.load(Ordering::SeqCst) & SPLIT != 0 {
+            return Err(Error::Unsupported(
+                "a checkpoint inside a split-phase transaction of the same thread".into(),
+            ));
+        }
+        // Waiting for a joined phase like a stashed thread: the coordinator ends a split phase
+        // (after t_s) for pending waiters.
+        rt.pending.fetch_add(1, Ordering::AcqRel);
+        let e = rt.enter(true);
+        rt.pending.fetch_sub(1, Ordering::AcqRel);
+        Ok(Pin {
+            rt: Arc::clone(rt),
+            slot: e.slot,
+        })
+    }
+}
+
+impl Drop for Pin {
+    fn drop(&mut self) {
+        self.rt.exit(self.slot);
+    }
+}

@@ -1,0 +1,214 @@
+//! Shared state of the non-graph deadlock policies: Dreadlocks digests (Kimura et al. 2012
+//! §4.2), the wound marks of wound-wait, and the count of spinning waiters for the hybrid
+//! waiting style.
+//!
+//! Fingerprints are per thread, as in Shore-MT and Kimura ("a transaction might be carried out
+//! by multiple parallel threads"): `FINGERPRINT_BITS` of the `DIGEST_BITS`-bit Bloom filter,
+//! drawn once per thread. A digest is published only while its transaction waits; the digest
+//! of a transaction that does not wait is its thread's fingerprint. Bloom filters give no
+//! false negatives, so every cycle is found; a collision can report a false deadlock, which
+//! is counted like any other victim. Kimura et al. used 512-bit digests; we use 1024 bits
+//! (16 words to OR per blocker) because long queues of many threads fill 512 bits enough to
+//! make false positives common in our stress tests.
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use crossbeam_utils::CachePadded;
+use parking_lot::Mutex;
+use rustc_hash::{FxHashMap, FxHashSet};
+
+use super::TxnId;
+
+/// Bits of a digest.
+pub const DIGEST_BITS: usize = 1024;
+/// Bits set in a fingerprint.
+pub const FINGERPRINT_BITS: usize = 3;
+
+const REGISTRY_SHARDS: usize = 64;
+const WOUND_LIMIT: usize = 4096;
+
+/// A Bloom-filter digest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Digest(pub [u64; DIGEST_BITS / 64]);
+
+impl Digest {
+    /// The digest holding just this packed fingerprint.
+    pub fn of_fingerprint(fp: u32) -> Digest {
+        let mut d = Digest::default();
+        for i in 0..FINGERPRINT_BITS {
+            let bit = ((fp >> (10 * i)) & 1023) as usize;
+            d.0[bit / 64] |= 1 << (bit % 64);
+        }
+        d
+    }
+
+    /// True when every bit of `other` is set here.
+    pub fn contains(&self, other: &Digest) -> bool {
+        self.0.iter().zip(&other.0).all(|(a, b)| a & b == *b)
+    }
+
+    /// Sets every bit of `other` here.
+    pub fn union(&mut self, other: &Digest) {
+        for (a, b) in self.0.iter_mut().zip(&other.0) {
+            *a |= b;
+        }
+    }
+}
+
+thread_local! {
+    static FINGERPRINT: Cell<u32> = const { Cell::new(0) };
+    static PIPELINE: Arc<AtomicU64> = Arc::new(AtomicU64::new(0));
+}
+
+/// This thread's flush-pipeline counter: the number of its pipelined commits that are not
+/// durable yet. The transaction layer raises it at a pipelined commit and lowers it (from the
+/// flush daemon, through this handle) when the commit is durable.
+pub fn pipeline_handle() -> Arc<AtomicU64> {
+    PIPELINE.with(Arc::clone)
+}
+
+/// The length of this thread's flush pipeline (see [`pipeline_handle`]).
+pub fn pipeline_len() -> u64 {
+    PIPELINE.with(|p| p.load(Ordering::Acquire))
+}
+
+/// This thread's packed fingerprint (three 10-bit positions), drawn on first use.
+pub fn thread_fingerprint() -> u32 {
+    FINGERPRINT.with(|f| {
+        if f.get() == 0 {
+            // Distinct threads get independent positions: hash a per-thread address and a
+            // global counter (avoids a random-number dependency).
+            static NEXT: AtomicUsize = AtomicUsize::new(1);
+            let seed = NEXT.fetch_add(1, Ordering::Relaxed) as u64;
+            let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (f as *const _ as u64);
+            let mut fp = 0u32;
+            for i in 0..FINGERPRINT_BITS {
+                x ^= x >> 31;
+                x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+                x ^= x >> 29;
+                fp |= ((x % DIGEST_BITS as u64) as u32) << (10 * i);
+            }
+            f.set(fp | 1 << 31);
+        }
+        f.get() & !(1 << 31)
+    })
+}
+
+#[derive(Clone, Copy)]
+struct Entry {
+    digest: Digest,
+    stale: bool,
+}
+
+type Registry = Box<[CachePadded<Mutex<FxHashMap<TxnId, Entry>>>]>;
+
+/// Digests of waiting transactions, wound marks and spinner count.
+pub(crate) struct DreadState {
+    registry: Registry,
+    wounded: Mutex<FxHashSet<TxnId>>,
+    spinners: AtomicUsize,
+    cores: usize,
+}
+
+impl DreadState {
+    pub fn new() -> Self {
+        DreadState {
+            registry: (0..REGISTRY_SHARDS)
+                .map(|_| CachePadded::new(Mutex::new(FxHashMap::default())))
+                .collect(),
+            wounded: Mutex::new(FxHashSet::default()),
+            spinners: AtomicUsize::new(0),
+            cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        }
+    }
+
+    fn shard(&self, txn: TxnId) -> &Mutex<FxHashMap<TxnId, Entry>> {
+        &self.registry[(txn as usize) % REGISTRY_SHARDS]
+    }
+
+    /// The digest to use for `txn` (whose thread fingerprint is `fp`): its published digest
+    /// while it waits and the digest is fresh, else just its fingerprint.
+    pub fn digest_of(&self, txn: TxnId, fp: u32) -> Digest {
+        match self.shard(txn).lock().get(&txn) {
+            Some(e) if !e.stale => e.digest,
+            _ => Digest::of_fingerprint(fp),
+        }
+    }
+
+    /// Publishes `txn`'s refreshed digest (clearing a stale mark).
+    pub fn publish(&self, txn: TxnId, digest: Digest) {
+        self.shard(txn).lock().insert(
+            txn,
+            Entry {
+                digest,
+                stale: false,
+            },
+        );
+    }
+
+    /// Marks `txn`'s digest stale (sleep-and-backoff: its dependency was released).
+    pub fn mark_stale(&self, txn: TxnId) {
+        if let Some(e) = self.shard(txn).lock().get_mut(&txn) {
+            e.stale = true;
+        }
+    }
+
+    /// Forgets `txn`'s digest when it stops waiting.
+    pub fn retire(&self, txn: TxnId) {
+        self.shard(txn).lock().remove(&txn);
+    }
+
+    /// Wound-wait: marks `txn` for abort the next time it waits.
+    pub fn wound(&self, txn: TxnId) {
+        let mut w = self.wounded.lock();
+        if w.len() >= WOUND_LIMIT {
+            // Marks of transactions that finished before noticing would pile up; dropping
+            // them only lets a wounded transaction keep waiting (its timeout still bounds it).
+            w.clear();
+        }
+        w.insert(txn);
+    }
+
+    /// True (once) if `txn` was wounded.
+    pub fn take_wound(&self, txn: TxnId) -> bool {
+        self.wounded.lock().remove(&txn)
+    }
+
+    /// Hybrid waiting: may one more waiter spin? Registers it if so.
+    pub fn try_spin(&self) -> bool {
+        let n = self.spinners.fetch_add(1, Ordering::AcqRel);
+        if n < self.cores.saturating_sub(1).max(1) {
+            true
+        } else {
+            self.spinners.fetch_sub(1, Ordering::AcqRel);
+            false
+        }
+    }
+
+    /// Ends a spin registered by [`try_spin`](Self::try_spin).
+    pub fn end_spin(&self) {
+        self.spinners.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fingerprints_have_three_bits_and_digests_union() {
+        let a = Digest::of_fingerprint(thread_fingerprint());
+        let bits: u32 = a.0.iter().map(|w| w.count_ones()).sum();
+        assert!((1..=3).contains(&bits));
+        let other = std::thread::spawn(thread_fingerprint)
+            .join()
+            .expect("thread");
+        let b = Digest::of_fingerprint(other);
+        let mut u = a;
+        u.union(&b);
+        assert!(u.contains(&a) && u.contains(&b));
+        assert!(a.contains(&a));
+    }
+}

@@ -1,0 +1,449 @@
+//! Lightweight intent locks (Kimura et al. 2012 §3.2, Algorithms 3 and 4).
+//!
+//! Intent locks on the database and on tables are taken by almost every transaction, so in a
+//! lock table they are a hot spot of *physical* contention although they rarely conflict
+//! *logically*. LIL keeps them out of the lock table: a global table holds, per object, only
+//! counters of granted IS/IX/S/X locks, a version number and the number of waiting absolute
+//! (S/X) requests, guarded by a critical section a few instructions long; each transaction
+//! keeps its own private table of what it holds, read and written without synchronization.
+//! A request that cannot be granted at once (only possible when an absolute lock is involved)
+//! announces itself if absolute, then waits on a condition variable in 1 ms slices, re-trying
+//! whenever the object's version moved; releases bump the version and broadcast only when
+//! someone waits. Waiting absolute requests have priority: intent requests that conflict with
+//! them are held back. Deadlocks are prevented by timeouts, longer for absolute requests, so
+//! the main lock table never needs to know about intent locks.
+//!
+//! SIX is held as S plus IX. Deviation: the critical section is a `parking_lot` mutex (which
+//! spins briefly before parking) rather than a bare spinlock.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use crossbeam_utils::CachePadded;
+use parking_lot::{Condvar, Mutex};
+
+use super::{LockFailure, LockMode};
+
+const IS: usize = 0;
+const IX: usize = 1;
+const S: usize = 2;
+const X: usize = 3;
+
+/// Compatibility of the four counted modes (Table 4 restricted to IS IX S X).
+const COMPAT: [[bool; 4]; 4] = [
+    // IS    IX     S      X
+    [true, true, true, false],    // IS
+    [true, true, false, false],   // IX
+    [true, false, true, false],   // S
+    [false, false, false, false], // X
+];
+
+#[derive(Default)]
+struct Counts {
+    granted: [u32; 4],
+    /// Waiting absolute requests: [S, X].
+    waiting_abs: [u32; 2],
+    waiters: u32,
+}
+
+struct Object {
+    counts: Mutex<Counts>,
+    version: AtomicU64,
+    sleep: Mutex<()>,
+    wake: Condvar,
+}
+
+/// The global lightweight-intent-lock table: one slot per lockable object (object 0 is the
+/// database, table `t` is object `t`).
+///
+/// ```
+/// use shoal::lock::intent::{LightweightIntentLocks, PrivateIntents};
+/// use shoal::lock::LockMode;
+/// use std::time::Duration;
+/// let lil = LightweightIntentLocks::new(16, Duration::from_millis(100), Duration::from_secs(1));
+/// let (mut a, mut b) = (PrivateIntents::default(), PrivateIntents::default());
+/// lil.lock(&mut a, 1, LockMode::IX).unwrap();
+/// lil.lock(&mut b, 1, LockMode::IS).unwrap();          // intents are compatible
+/// assert!(lil.try_lock(&mut b, 1, LockMode::S).is_err()); // S conflicts with a's IX
+/// lil.release_all(&mut a);
+/// lil.lock(&mut b, 1, LockMode::S).unwrap();
+/// lil.release_all(&mut b);
+/// ```
+pub struct LightweightIntentLocks {
+    objects: Box<[CachePadded<Object>]>,
+    intent_timeout: Duration,
+    absolute_timeout: Duration,
+}
+
+/// A transaction's private table of the intent locks it holds (no synchronization needed).
+#[derive(Debug, Default, Clone)]
+pub struct PrivateIntents {
+    /// (object, bit mask of held modes IS=1 IX=2 S=4 X=8).
+    held: Vec<(u32, u8)>,
+}
+
+impl PrivateIntents {
+    fn mask(&self, obj: u32) -> u8 {
+        self.held
+            .iter()
+            .find(|(o, _)| *o == obj)
+            .map_or(0, |(_, m)| *m)
+    }
+
+    fn add(&mut self, obj: u32, bit: u8) {
+        match self.held.iter_mut().find(|(o, _)| *o == obj) {
+            Some((_, m)) => *m |= bit,
+            None => self.held.push((obj, bit)),
+        }
+    }
+
+    /// True when nothing is held.
+    ///
+    /// ```
+    /// assert!(shoal::lock::intent::PrivateIntents::default().is_empty());
+    /// ```
+    pub fn is_empty(&self) -> bool {
+        self.held.is_empty()
+    }
+}
+
+/// The counted modes that make up `m`.
+fn parts(m: LockMode) -> &'static [usize] {
+    match m {
+        LockMode::IS => &[IS],
+        LockMode::IX => &[IX],
+        LockMode::S => &[S],
+        LockMode::X => &[X],
+        LockMode::SIX => &[S, IX],
+        _ => &[],
+    }
+}
+
+/// Does holding the modes in `mask` already give mode `p`?
+fn covered(mask: u8, p: usize) -> bool {
+    let has = |m: usize| mask & (1 << m) != 0;
+    match p {
+        IS => has(IS) || has(IX) || has(S) || has(X),
+        IX => has(IX) || has(X),
+        S => has(S) || has(X),
+        _ => has(X),
+    }
+}
+
+impl LightweightIntentLocks {
+    /// A table for objects `0..capacity`, with the deadlock-prevention timeouts of intent and
+    /// of absolute requests.
+    pub fn new(capacity: usize, intent_timeout: Duration, absolute_timeout: Duration) -> Self {
+        LightweightIntentLocks {
+            objects: (0..capacity.max(1))
+                .map(|_| {
+                    CachePadded::new(Object {
+                        counts: Mutex::new(Counts::default()),
+                        version: AtomicU64::new(0),
+                        sleep: Mutex::new(()),
+                        wake: Condvar::new(),
+                    })
+                })
+                .collect(),
+            intent_timeout,
+            absolute_timeout,
+        }
+    }
+
+    /// Number of objects this table can lock.
+    pub fn capacity(&self) -> usize {
+        self.objects.len()
+    }
+
+    fn object(&self, obj: u32) -> &Object {
+        // Callers pass ids below `capacity` (the database checks when it creates tables).
+        &self.objects[obj as usize % self.objects.len()]
+    }
+
+    /// Can `p` be granted to a holder of `mine` given the global counts?
+    fn grantable(c: &Counts, mine: u8, p: usize) -> bool {
+        for (q, &n) in c.granted.iter().enumerate() {
+            let own = u32::from(mine & (1 << q) != 0);
+            if n > own && !COMPAT[p][q] {
+                return false;
+            }
+        }
+        // Waiting absolute requests go first: hold back what conflicts with them.
+        if p == IS || p == IX {
+            if c.waiting_abs[0] > 0 && !COMPAT[p][S] {
+                return false;
+            }
+            if c.waiting_abs[1] > 0 && !COMPAT[p][X] {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Acquires `mode` (IS, IX, S, SIX or X) on `obj` for the transaction owning `mine`,
+    /// waiting up to the timeout for its kind (Algorithm 3).
+    pub fn lock(
+        &self,
+        mine: &mut PrivateIntents,
+        obj: u32,
+        mode: LockMode,
+    ) -> Result<(), LockFailure> {
+        for &p in parts(mode) {
+            self.lock_part(mine, obj, p, true)?;
+        }
+        Ok(())
+    }
+
+    /// Like [`lock`](Self::lock) but fails with [`LockFailure::WouldBlock`] instead of
+    /// waiting (parts of a SIX granted before the failure stay held).
+    pub fn try_lock(
+        &self,
+        mine: &mut PrivateIntents,
+        obj: u32,
+        mode: LockMode,
+    ) -> Result<(), LockFailure> {
+        for &p in parts(mode) {
+            self.lock_part(mine, obj, p, false)?;
+        }
+        Ok(())
+    }
+
+    fn lock_part(
+        &self,
+        mine: &mut PrivateIntents,
+        obj: u32,
+        p: usize,
+        wait: bool,
+    ) -> Result<(), LockFailure> {
+        let held = mine.mask(obj);
+        if covered(held, p) {
+            return Ok(());
+        }
+        let o = self.object(obj);
+        let absolute = p == S || p == X;
+        let timeout = if absolute {
+            self.absolute_timeout
+        } else {
+            self.intent_timeout
+        };
+        let start = Instant::now();
+        let mut announced = false;
+        loop {
+            let base = {
+                let mut c = o.counts.lock();
+                if Self::grantable(&c, held, p) {
+                    c.granted[p] += 1;
+                    if announced {
+                        if absolute {
+                            c.waiting_abs[p - S] -= 1;
+                        }
+                        c.waiters -= 1;
+                    }
+                    drop(c);
+                    mine.add(obj, 1 << p);
+                    return Ok(());
+                }
+                if !wait {
+                    return Err(LockFailure::WouldBlock);
+                }
+                if !announced {
+                    if absolute {
+                        c.waiting_abs[p - S] += 1;
+                    }
+                    c.waiters += 1;
+                    announced = true;
+                }
+                o.version.load(Ordering::Acquire)
+            };
+            let waited = start.elapsed();
+            if waited >= timeout {
+                let mut c = o.counts.lock();
+                if absolute {
+                    c.waiting_abs[p - S] -= 1;
+                }
+                c.waiters -= 1;
+                drop(c);
+                // Our announcement may have held others back: let them re-check.
+                self.bump(o);
+                return Err(LockFailure::Timeout {
+                    blocker: None,
+                    waited,
+                });
+            }
+            let mut g = o.sleep.lock();
+            while o.version.load(Ordering::Acquire) == base && start.elapsed() < timeout {
+                o.wake.wait_for(&mut g, Duration::from_millis(1));
+            }
+        }
+    }
+
+    fn bump(&self, o: &Object) {
+        o.version.fetch_add(1, Ordering::AcqRel);
+        let _g = o.sleep.lock();
+        o.wake.notify_all();
+    }
+
+    /// Releases every intent lock the transaction holds (Algorithm 4).
+    pub fn release_all(&self, mine: &mut PrivateIntents) {
+        for (obj, mask) in mine.held.drain(..) {
+            let o = self.object(obj);
+            let waiters = {
+                let mut c = o.counts.lock();
+                for q in 0..4 {
+                    if mask & (1 << q) != 0 {
+                        c.granted[q] -= 1;
+                    }
+                }
+                o.version.fetch_add(1, Ordering::AcqRel);
+                c.waiters
+            };
+            if waiters > 0 {
+                let _g = o.sleep.lock();
+                o.wake.notify_all();
+            }
+        }
+    }
+
+    /// Granted counts of `obj` as [IS, IX, S, X] (for tests and statistics).
+    pub fn granted(&self, obj: u32) -> [u32; 4] {
+        self.object(obj).counts.lock().granted
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+
+    fn lil() -> LightweightIntentLocks {
+        LightweightIntentLocks::new(8, Duration::from_millis(200), Duration::from_millis(400))
+    }
+
+    #[test]
+    fn table4_between_two_transactions() {
+        use LockMode::*;
+        let modes = [S, X, IS, IX, SIX];
+        for a in modes {
+            for b in modes {
+                let t = lil();
+                let (mut pa, mut pb) = (PrivateIntents::default(), PrivateIntents::default());
+                t.lock(&mut pa, 1, a).expect("first");
+                let got = t.try_lock(&mut pb, 1, b).is_ok();
+                assert_eq!(got, a.compatible(b), "{a:?} then {b:?}");
+                t.release_all(&mut pa);
+                t.release_all(&mut pb);
+                assert_eq!(t.granted(1), [0; 4]);
+            }
+        }
+    }
+
+    #[test]
+    fn own_locks_do_not_conflict_and_convert() {
+        let t = lil();
+        let mut p = PrivateIntents::default();
+        t.lock(&mut p, 0, LockMode::IS).expect("IS");
+        t.lock(&mut p, 0, LockMode::IX).expect("IX");
+        t.lock(&mut p, 0, LockMode::X).expect("upgrade to X alone");
+        t.lock(&mut p, 0, LockMode::IS).expect("covered");
+        assert_eq!(t.granted(0), [1, 1, 0, 1]);
+        t.release_all(&mut p);
+        assert_eq!(t.granted(0), [0; 4]);
+    }
+
+    #[test]
+    fn waiting_absolute_lock_gets_priority_and_timeouts_prevent_deadlock() {
+        let t = Arc::new(lil());
+        let mut holder = PrivateIntents::default();
+        t.lock(&mut holder, 2, LockMode::IX).expect("IX");
+        let granted = Arc::new(AtomicBool::new(false));
+        let h = {
+            let (t, granted) = (Arc::clone(&t), Arc::clone(&granted));
+            std::thread::spawn(move || {
+                let mut p = PrivateIntents::default();
+                let r = t.lock(&mut p, 2, LockMode::S);
+                granted.store(r.is_ok(), Ordering::SeqCst);
+                std::thread::sleep(Duration::from_millis(20));
+                t.release_all(&mut p);
+                r
+            })
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        // While S waits, a new IX is held back even though IX is compatible with IX.
+        let mut late = PrivateIntents::default();
+        assert_eq!(
+            t.try_lock(&mut late, 2, LockMode::IX),
+            Err(LockFailure::WouldBlock)
+        );
+        // An IX that waits is granted once S is done.
+        let waiter = {
+            let t = Arc::clone(&t);
+            std::thread::spawn(move || {
+                let mut p = PrivateIntents::default();
+                let r = t.lock(&mut p, 2, LockMode::IX);
+                t.release_all(&mut p);
+                r
+            })
+        };
+        // But IS (compatible with S) is not held back.
+        assert!(t.try_lock(&mut late, 2, LockMode::IS).is_ok());
+        t.release_all(&mut late);
+        t.release_all(&mut holder);
+        assert!(h.join().expect("join").is_ok());
+        assert!(granted.load(Ordering::SeqCst));
+        assert!(waiter.join().expect("join").is_ok());
+        // Timeout: X behind a holder that never lets go.
+        let mut a = PrivateIntents::default();
+        t.lock(&mut a, 3, LockMode::IS).expect("IS");
+        let mut b = PrivateIntents::default();
+        assert!(matches!(
+            t.lock(&mut b, 3, LockMode::X),
+            Err(LockFailure::Timeout { .. })
+        ));
+        // The timed-out announcement is gone: intents flow again.
+        assert!(t.try_lock(&mut b, 3, LockMode::IX).is_ok());
+        t.release_all(&mut a);
+        t.release_all(&mut b);
+        assert_eq!(t.granted(3), [0; 4]);
+    }
+
+    #[test]
+    fn stress_exclusive_excludes_everyone() {
+        let t = Arc::new(LightweightIntentLocks::new(
+            2,
+            Duration::from_secs(5),
+            Duration::from_secs(5),
+        ));
+        let inside = Arc::new(AtomicU64::new(0));
+        let hs: Vec<_> = (0..16u64)
+            .map(|i| {
+                let (t, inside) = (Arc::clone(&t), Arc::clone(&inside));
+                std::thread::spawn(move || {
+                    for n in 0..300u64 {
+                        let mut p = PrivateIntents::default();
+                        let m = match (i + n) % 10 {
+                            0 => LockMode::X,
+                            1 => LockMode::S,
+                            2..=5 => LockMode::IX,
+                            _ => LockMode::IS,
+                        };
+                        t.lock(&mut p, 1, m).expect("lock");
+                        let w = if m == LockMode::X { 1 << 32 } else { 1 };
+                        let before = inside.fetch_add(w, Ordering::SeqCst);
+                        if m == LockMode::X {
+                            assert_eq!(before, 0, "X shared the object");
+                        } else {
+                            assert!(before < 1 << 32, "someone held X");
+                        }
+                        inside.fetch_sub(w, Ordering::SeqCst);
+                        t.release_all(&mut p);
+                    }
+                })
+            })
+            .collect();
+        for h in hs {
+            h.join().expect("join");
+        }
+        assert_eq!(t.granted(1), [0; 4]);
+    }
+}

@@ -1,0 +1,116 @@
+//! The scalable lock table of Jung, Han, Fekete, Heiser and Yeom 2013, "A scalable lock
+//! manager for multicores": lock acquisition and release without any latch (§3, RAW pattern
+//! with explicit fences), staged allocation and de-allocation of lock entries (§4).
+//!
+//! # Structure (§3.1, Fig. 4-5)
+//!
+//! * A lock hash table of [`BUCKETS`] buckets, fixed size. A bucket is the head of a latch-free
+//!   singly linked list of **lock heads**, one per [`LockId`], appended with a CAS on the last
+//!   `next` pointer. Lock heads are never unlinked: they live as long as the table.
+//! * Each lock head holds a latch-free list of **request entries** in arrival order, appended
+//!   as in Fig. 4: swap the list's tail pointer (`atomic_fetch_and_store`), then link the old
+//!   tail to the new entry. A traversal that meets a half-linked tail (a `next` of null on an
+//!   entry that is no longer the tail) waits until it is linked (Fig. 5), so every entry
+//!   appended before a traversal reaches the end is seen.
+//! * An entry's state is one atomic word: granted mode, requested mode and the flags
+//!   `WAITING`, `TENTATIVE` and `OBSOLETE`. Only the owning transaction writes it.
+//!
+//! # Acquire and release (§3.1-§3.2)
+//!
+//! Grants follow the same rule as [`SimpleLockTable`](super::simple::SimpleLockTable) (Kimura
+//! §4.2): a new request is granted iff compatible with every granted mode and with the
+//! requested mode of every waiting request ahead of it; a conversion iff compatible with every
+//! other granted mode. A requester **publishes** its request as `WAITING` (appending a new
+//! entry, or rewriting its own entry for a conversion), issues `fence(SeqCst)`, then reads the
+//! others' states. If the rule allows the grant it writes the target mode as a **tentative**
+//! grant, fences again and re-checks (the RAW/Dekker pattern): of two conflicting requesters
+//! at least one sees the other's tentative mode and backs off to `WAITING` (and wakes whoever
+//! it may have blocked meanwhile). Ties between two tentative grants go to the older (smaller)
+//! transaction: it re-checks until the younger one has either backed off or finalised. A
+//! release marks the entry `OBSOLETE`, fences, and wakes the waiting entries whose requested
+//! mode conflicts with what it gave up.
+//!
+//! *Deviation:* the paper grants optimistically and lets the releaser grant waiters (Fig. 3
+//! R6-R9 under the waiter's transaction mutex); here the waiter always grants itself after a
+//! wake-up, and the releaser only unparks. That keeps every state word single-writer, needs no
+//! transaction mutex, and supports Kimura's conversions, which InnoDB's code does not have.
+//!
+//! # Waiting: no lost wake-up (§3.4, Fig. 6)
+//!
+//! A blocked request parks with `park_timeout`. It stays published as `WAITING` while it
+//! waits, and every (re-)evaluation is preceded by a fence; a waker changes its own state,
+//! fences, then scans the list and unparks. In the five schedules of Fig. 6 either the waiter's
+//! evaluation reads the releaser's `OBSOLETE` state, or the releaser's scan reads the waiter's
+//! `WAITING` state and unparks it; `unpark` before `park` leaves a token, so the park returns at
+//! once. (A conversion asked from another thread than the one that appended the entry, which
+//! the one-thread-per-transaction rule excludes, cannot be unparked and polls every
+//! millisecond instead.) Parks are bounded by the timeout (and by the deadlock re-check
+//! period), and a timed-out request withdraws: a new request becomes `OBSOLETE`, a conversion
+//! falls back to its held mode, and both wake the waiters they may have blocked.
+//!
+//! # Deadlocks (§3.3)
+//!
+//! Under [`DeadlockPolicy::WaitForGraph`] a blocked transaction walks the waits-for relation
+//! itself, without any latch, at its first wait and every [`DEADLOCK_RECHECK`]: its blockers
+//! are read off its lock's list (the same rule as granting), and what a blocker waits for is
+//! found through a small registry of waiting entries ([`WAIT_REGISTRY`] slots, CAS-claimed).
+//! The walk is a depth-first search bounded in depth and visited transactions; it runs when a
+//! request starts waiting, after every wake-up and every [`DEADLOCK_RECHECK`]. The detecting
+//! transaction aborts itself (the paper's policy (3)), but only if it is the youngest
+//! (largest id) on the cycle it found, so that concurrent detections of one cycle choose a
+//! single victim (*deviation:* the paper accepts several). A detector that is not the youngest
+//! unparks the youngest member, whose own search then finds the cycle and aborts it at once.
+//! Every wait also ends at its timeout, which covers cycles the bounded walk misses or a full
+//! registry.
+//!
+//! # Memory: staged allocation and reclamation (§4)
+//!
+//! Entries are pre-allocated in bulk ([`ALLOC_BATCH`] at a time, on demand, per reclamation
+//! slot) and released by marking them `OBSOLETE` (§4.3). The wake-up pass that follows every
+//! release or withdrawal also unlinks the obsolete entries it passes, anywhere in the list
+//! (*deviation:* §4.5 advances only the list head, which lets a long-held lock at the front
+//! keep every later obsolete entry linked): as in Harris' list, the entry's `next` pointer is
+//! first marked (frozen), then a CAS on the predecessor's unmarked link (or the list head)
+//! unlinks it, and the thread whose CAS succeeds retires it. The last entry of a list is never
+//! unlinked, so unlinking never races with an append. Unlinked entries are reclaimed in bulk
+//! by an **epoch scheme** over lock-table operations rather than over transactions (the table does
+//! not see transaction begin and end): every operation occupies one of [`SLOTS`] slots
+//! stamped with the global epoch; an unlinked entry is retired into its slot's bag with the
+//! current epoch, and once a bag holds [`RETIRE_BATCH`] entries the epoch is advanced (if every
+//! occupied slot has seen it) and entries retired two epochs ago go back to the slot's free
+//! list (beyond [`FREE_CAP`] they are deallocated). This is §4.1's condition with operations in
+//! place of transactions: no operation that could hold a reference is still running.
+//! [`LatchFreeLockTable::reclaim`] runs a bulk reclamation over all idle slots (what a
+//! background de-allocator would call; the tests use it at quiescent points). A waiter
+//! leaves its slot while parked; its own entry (live, so never unlinked) and its lock head
+//! (never freed) stay valid.
+//!
+//! *Deviations and limits:* lock heads are never reclaimed, so memory grows with the number of
+//! distinct lock names ever used (entries stay bounded, and each lock head keeps at most its
+//! last entry once idle); there is no background allocator thread (allocation is in bulk on
+//! demand); a reclamation batch waits while some operation stays pinned (e.g. a descheduled
+//! thread), so the bound on entries is per slot and not strict in time.
+//!
+//! # Model checking
+//!
+//! The algorithm lives in `latchfree/table.rs` and reaches atomics, fences and parking only
+//! through the `sync` module below, so `tests/latchfree_shuttle.rs` compiles the same file
+//! against `shuttle`'s primitives and explores thread interleavings of it.
+
+#[path = "latchfree/table.rs"]
+mod table;
+
+/// The primitives the algorithm uses (`std` here; `shuttle`'s in the model-checking test).
+mod sync {
+    pub(super) use std::sync::atomic::{
+        fence, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering,
+    };
+    pub(super) use std::thread::{current, park_timeout, yield_now, Thread};
+}
+
+use super::{DeadlockPolicy, LockFailure, LockId, LockMode, LockTable, TxnId};
+
+pub use table::{
+    LatchFreeLockTable, Params, ALLOC_BATCH, BUCKETS, DEADLOCK_RECHECK, FREE_CAP, RETIRE_BATCH,
+    SLOTS, WAIT_REGISTRY,
+};

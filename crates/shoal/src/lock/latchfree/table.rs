@@ -1,0 +1,1081 @@
+//! The algorithm of the latch-free lock table (see the parent module's docs for the design).
+//!
+//! This file uses only `super::sync` for atomics, fences and parking and `super::{LockId, ..}`
+//! for the lock-manager types, so the model-checking test can compile it a second time against
+//! `shuttle`'s instrumented primitives (`tests/latchfree_shuttle.rs`).
+
+use std::cell::{Cell, UnsafeCell};
+use std::hash::BuildHasher;
+use std::ptr;
+use std::time::{Duration, Instant};
+
+use crossbeam_utils::CachePadded;
+use rustc_hash::FxBuildHasher;
+
+use super::sync::{
+    current, fence, park_timeout, yield_now, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize,
+    Ordering::SeqCst, Thread,
+};
+use super::{DeadlockPolicy, LockFailure, LockId, LockMode, LockTable, TxnId};
+
+/// Number of buckets of the lock hash table (fixed, a power of two).
+pub const BUCKETS: usize = 1 << 20;
+/// Number of reclamation slots (at most this many operations are pinned at once).
+pub const SLOTS: usize = 512;
+/// Capacity of the waiting-transaction registry used by deadlock detection.
+pub const WAIT_REGISTRY: usize = 1024;
+/// Entries allocated at once when a slot's free list is empty (bulk pre-allocation).
+pub const ALLOC_BATCH: usize = 32;
+/// Retired entries a slot collects before it tries to advance the epoch and reclaim.
+pub const RETIRE_BATCH: usize = 64;
+/// Free entries a slot keeps for reuse; beyond that reclaimed entries are deallocated.
+pub const FREE_CAP: usize = 128;
+/// How often a blocked request re-runs the deadlock search.
+pub const DEADLOCK_RECHECK: Duration = Duration::from_millis(10);
+/// Poll period of a waiter that runs on another thread than its entry's (see `acquire`).
+const FOREIGN_POLL: Duration = Duration::from_millis(1);
+/// Bound on the transactions the deadlock search visits from one request.
+const DEADLOCK_BUDGET: u32 = 256;
+/// Bound on the length of a waits-for path the deadlock search follows.
+const DEADLOCK_DEPTH: usize = 32;
+
+// ---- entry state word: granted mode | requested mode << 4 | flags ----
+
+/// The request waits (its requested mode is not granted yet).
+const WAITING: u32 = 1 << 8;
+/// The requested mode is granted tentatively and being verified (RAW re-check).
+const TENTATIVE: u32 = 1 << 9;
+/// The request is released or withdrawn; the entry is dead and may be unlinked.
+const OBSOLETE: u32 = 1 << 10;
+/// Set on an entry when it is reclaimed (back in a free list); reaching one from a list is a
+/// reclamation bug, caught by a debug assertion in `walk`.
+const POISON: u32 = 1 << 11;
+
+/// Sizes of a [`LatchFreeLockTable`]; [`Params::default`] is what [`LatchFreeLockTable::new`]
+/// uses. Smaller values make reclamation run often (tests and model checking).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Params {
+    /// Buckets of the lock hash table (rounded up to a power of two).
+    pub buckets: usize,
+    /// Reclamation slots: at most this many operations are pinned at once.
+    pub slots: usize,
+    /// Capacity of the waiting-transaction registry of deadlock detection.
+    pub wait_registry: usize,
+    /// Retired entries a slot collects before it tries to advance the epoch and reclaim.
+    pub retire_batch: usize,
+    /// Reclaimed entries a slot keeps for reuse; beyond that they are deallocated.
+    pub free_cap: usize,
+}
+
+impl Default for Params {
+    fn default() -> Self {
+        Params {
+            buckets: BUCKETS,
+            slots: SLOTS,
+            wait_registry: WAIT_REGISTRY,
+            retire_batch: RETIRE_BATCH,
+            free_cap: FREE_CAP,
+        }
+    }
+}
+
+const fn pack(granted: LockMode, requested: LockMode, flags: u32) -> u32 {
+    granted as u32 | (requested as u32) << 4 | flags
+}
+
+fn granted_of(s: u32) -> LockMode {
+    LockMode::ALL[(s & 0xf) as usize]
+}
+
+fn requested_of(s: u32) -> LockMode {
+    LockMode::ALL[((s >> 4) & 0xf) as usize]
+}
+
+/// `p` with the deletion mark (low bit; entries are 8-byte aligned).
+fn marked(p: *mut Entry) -> *mut Entry {
+    p.wrapping_byte_add(1)
+}
+
+/// `p` without the deletion mark.
+fn unmarked(p: *mut Entry) -> *mut Entry {
+    if p as usize & 1 == 1 {
+        p.wrapping_byte_sub(1)
+    } else {
+        p
+    }
+}
+
+fn bit(m: LockMode) -> u16 {
+    1 << (m as u16)
+}
+
+/// `m` is compatible with every mode in `mask`.
+fn compatible_with_all(m: LockMode, mask: u16) -> bool {
+    LockMode::ALL
+        .iter()
+        .all(|&o| mask & bit(o) == 0 || m.compatible(o))
+}
+
+/// One transaction's request on one lock: an element of a lock head's request list.
+///
+/// Entries are pooled: `txn`, `next`, `head` and `thread` are (re)initialised only while the
+/// entry is owned exclusively (fresh from the pool, before it is linked); afterwards only the
+/// owning transaction writes `state`, everybody may read.
+struct Entry {
+    txn: AtomicU64,
+    state: AtomicU32,
+    next: AtomicPtr<Entry>,
+    head: AtomicPtr<LockHead>,
+    /// The requesting thread, unparked by wakers. Written only while the entry is unlinked and
+    /// owned by one thread.
+    thread: UnsafeCell<Option<Thread>>,
+}
+
+impl Entry {
+    fn blank() -> Self {
+        Entry {
+            txn: AtomicU64::new(0),
+            state: AtomicU32::new(OBSOLETE),
+            next: AtomicPtr::new(ptr::null_mut()),
+            head: AtomicPtr::new(ptr::null_mut()),
+            thread: UnsafeCell::new(None),
+        }
+    }
+
+    fn unpark(&self) {
+        // SAFETY: `thread` is written only before the entry is linked into a list (exclusive
+        // ownership); readers reach the entry through the list while pinned, so no write can
+        // race with this read (the entry is not recycled before every pinned reader is gone).
+        if let Some(t) = unsafe { &*self.thread.get() } {
+            t.unpark();
+        }
+    }
+}
+
+/// The lock head of one [`LockId`]: an element of a bucket list, never unlinked or freed
+/// before the table is dropped.
+struct LockHead {
+    id: LockId,
+    next: AtomicPtr<LockHead>,
+    /// First entry of the request list (null only before the first append completes).
+    first: AtomicPtr<Entry>,
+    /// Last appended entry (Jung Fig. 4: swapped by appenders, then the old tail is linked).
+    tail: AtomicPtr<Entry>,
+    /// Early-lock-release tag; lives as long as the lock head, i.e. as long as the table.
+    tag: AtomicU64,
+}
+
+/// Per-slot state only the thread that pinned the slot touches.
+#[derive(Default)]
+struct SlotLocal {
+    /// Unlinked entries with the global epoch at their retirement.
+    bag: Vec<(u64, *mut Entry)>,
+    /// Reclaimed entries ready for reuse.
+    free: Vec<*mut Entry>,
+    /// Bag size at which the next reclamation attempt runs (a failed attempt, with the
+    /// epoch held back by a pinned operation, is not repeated on every retirement).
+    collect_at: usize,
+}
+
+/// A reclamation slot: `pin` is `epoch << 1 | 1` while an operation occupies the slot, 0 when
+/// the slot is free.
+struct Slot {
+    pin: AtomicU64,
+    local: UnsafeCell<SlotLocal>,
+}
+
+// SAFETY: `local` is only accessed by the thread that claimed the slot with a successful CAS
+// of `pin` from 0 (or by `Drop`, which has `&mut`), so it is never accessed concurrently; the
+// raw entry pointers it stores are owned by the table.
+unsafe impl Sync for Slot {}
+// SAFETY: as above; the pointers in `local` refer to heap entries owned by the table.
+unsafe impl Send for Slot {}
+
+std::thread_local! {
+    /// A per-thread starting index for slot claims (any slot is correct; this spreads them).
+    static SLOT_HINT: Cell<usize> = const { Cell::new(usize::MAX) };
+}
+
+static NEXT_HINT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+fn slot_hint() -> usize {
+    SLOT_HINT.with(|h| {
+        if h.get() == usize::MAX {
+            h.set(NEXT_HINT.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+        }
+        h.get()
+    })
+}
+
+fn backoff(step: &mut u32) {
+    if *step < 6 {
+        for _ in 0..(1u32 << *step) {
+            std::hint::spin_loop();
+        }
+    } else {
+        yield_now();
+    }
+    *step += 1;
+}
+
+/// An occupied reclamation slot: entries reachable now stay allocated while it lives.
+struct Guard<'a> {
+    table: &'a LatchFreeLockTable,
+    slot: usize,
+}
+
+impl Guard<'_> {
+    #[allow(clippy::mut_from_ref)]
+    fn local(&self) -> &mut SlotLocal {
+        // SAFETY: this guard claimed the slot (CAS of `pin` from 0), so no other thread touches
+        // its `local` until the guard is dropped; callers never hold two of these borrows.
+        unsafe { &mut *self.table.slots[self.slot].local.get() }
+    }
+}
+
+impl Drop for Guard<'_> {
+    fn drop(&mut self) {
+        self.table.slots[self.slot].pin.store(0, SeqCst);
+    }
+}
+
+/// Result of checking a request against the others on its lock.
+enum Verdict {
+    Grant,
+    /// Blocked by this transaction.
+    Blocked(TxnId),
+    /// Conflicts with a younger transaction's tentative grant: re-check shortly.
+    Retry,
+}
+
+/// Latch-free lock table after Jung et al. 2013 (see the [module docs](super)).
+pub struct LatchFreeLockTable {
+    buckets: Box<[AtomicPtr<LockHead>]>,
+    slots: Box<[CachePadded<Slot>]>,
+    epoch: AtomicU64,
+    /// Entries of waiting requests, for the waits-for walk of deadlock detection.
+    waiting: Box<[AtomicPtr<Entry>]>,
+    allocated: AtomicUsize,
+    policy: DeadlockPolicy,
+    params: Params,
+}
+
+impl std::fmt::Debug for LatchFreeLockTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LatchFreeLockTable")
+            .field("policy", &self.policy)
+            .field("allocated_entries", &self.allocated_entries())
+            .finish()
+    }
+}
+
+impl LatchFreeLockTable {
+    /// A new empty table with the given deadlock handling.
+    pub fn new(policy: DeadlockPolicy) -> Self {
+        Self::with_params(policy, Params::default())
+    }
+
+    /// A new empty table with the given sizes.
+    pub fn with_params(policy: DeadlockPolicy, mut params: Params) -> Self {
+        params.buckets = params.buckets.max(1).next_power_of_two();
+        params.slots = params.slots.max(1);
+        params.wait_registry = params.wait_registry.max(1);
+        params.retire_batch = params.retire_batch.max(1);
+        LatchFreeLockTable {
+            buckets: (0..params.buckets)
+                .map(|_| AtomicPtr::new(ptr::null_mut()))
+                .collect(),
+            slots: (0..params.slots)
+                .map(|_| {
+                    CachePadded::new(Slot {
+                        pin: AtomicU64::new(0),
+                        local: UnsafeCell::new(SlotLocal::default()),
+                    })
+                })
+                .collect(),
+            epoch: AtomicU64::new(1),
+            waiting: (0..params.wait_registry)
+                .map(|_| AtomicPtr::new(ptr::null_mut()))
+                .collect(),
+            allocated: AtomicUsize::new(0),
+            policy,
+            params,
+        }
+    }
+
+    /// The deadlock policy the table was created with.
+    pub fn policy(&self) -> DeadlockPolicy {
+        self.policy
+    }
+
+    /// Number of request entries currently allocated (live, obsolete, retired or pooled).
+    pub fn allocated_entries(&self) -> usize {
+        self.allocated.load(SeqCst)
+    }
+
+    /// Number of locks with at least one live (waiting or granted) request.
+    pub fn queue_count(&self) -> usize {
+        let _g = self.pin();
+        let mut n = 0;
+        self.for_each_head(|h| {
+            let mut live = false;
+            self.walk(h, |e| {
+                live |= e.state.load(SeqCst) & OBSOLETE == 0;
+                !live
+            });
+            n += usize::from(live);
+        });
+        n
+    }
+
+    /// Number of lock heads ever created (they live as long as the table).
+    pub fn lock_heads(&self) -> usize {
+        let mut n = 0;
+        self.for_each_head(|_| n += 1);
+        n
+    }
+
+    /// Number of requests currently waiting on `id`.
+    pub fn waiters(&self, id: &LockId) -> usize {
+        let _g = self.pin();
+        let Some(h) = self.find_head(id, false) else {
+            return 0;
+        };
+        let mut n = 0;
+        self.walk(h, |e| {
+            let s = e.state.load(SeqCst);
+            n += usize::from(s & WAITING != 0 && s & OBSOLETE == 0);
+            true
+        });
+        n
+    }
+
+    /// The mode `txn` currently holds on `id` (`N` if none).
+    pub fn held_mode(&self, txn: TxnId, id: &LockId) -> LockMode {
+        let _g = self.pin();
+        self.find_head(id, false)
+            .and_then(|h| self.find_entry(h, txn))
+            // SAFETY: pinned, so the entry is not recycled while we read it.
+            .map_or(LockMode::N, |e| {
+                granted_of(unsafe { &*e }.state.load(SeqCst))
+            })
+    }
+
+    // ---- reclamation (epochs over operations) ----
+
+    fn pin(&self) -> Guard<'_> {
+        let start = slot_hint();
+        let mut step = 0;
+        loop {
+            let n = self.params.slots;
+            for i in 0..n {
+                let slot = (start + i) % n;
+                let pin = &self.slots[slot].pin;
+                if pin.load(SeqCst) != 0 {
+                    continue;
+                }
+                let e = self.epoch.load(SeqCst);
+                if pin.compare_exchange(0, e << 1 | 1, SeqCst, SeqCst).is_ok() {
+                    fence(SeqCst);
+                    return Guard { table: self, slot };
+                }
+            }
+            backoff(&mut step);
+        }
+    }
+
+    /// Reclaims in bulk what no running operation can still reach: advances the epoch as far
+    /// as the pinned operations allow, then claims every idle slot in turn and reclaims its
+    /// retired entries (Jung §4.4's lazy bulk de-allocation; what a background de-allocator
+    /// would run now and then). Safe to call at any time, concurrently with everything else;
+    /// retired entries of a slot are otherwise only reclaimed by operations using that slot.
+    pub fn reclaim(&self) {
+        for _ in 0..2 {
+            self.try_advance();
+        }
+        for slot in 0..self.slots.len() {
+            let e = self.epoch.load(SeqCst);
+            if self.slots[slot]
+                .pin
+                .compare_exchange(0, e << 1 | 1, SeqCst, SeqCst)
+                .is_ok()
+            {
+                fence(SeqCst);
+                let g = Guard { table: self, slot };
+                self.collect(&g);
+                let local = g.local();
+                local.collect_at = local.bag.len() + self.params.retire_batch;
+            }
+        }
+    }
+
+    /// Hands an unlinked entry to the reclaimer; it is reused once no pinned operation can
+    /// still reach it.
+    fn retire(&self, g: &Guard<'_>, e: *mut Entry) {
+        let epoch = self.epoch.load(SeqCst);
+        let local = g.local();
+        local.bag.push((epoch, e));
+        if local.bag.len() >= local.collect_at.max(self.params.retire_batch) {
+            self.collect(g);
+            let local = g.local();
+            local.collect_at = local.bag.len() + self.params.retire_batch;
+        }
+    }
+
+    /// Advances the global epoch if every pinned operation has seen it.
+    fn try_advance(&self) -> u64 {
+        let e = self.epoch.load(SeqCst);
+        for s in self.slots.iter() {
+            let p = s.pin.load(SeqCst);
+            if p & 1 == 1 && p >> 1 != e {
+                return e;
+            }
+        }
+        match self.epoch.compare_exchange(e, e + 1, SeqCst, SeqCst) {
+            Ok(_) => e + 1,
+            Err(now) => now,
+        }
+    }
+
+    /// Reclaims the retired entries of this slot that are two epochs old.
+    fn collect(&self, g: &Guard<'_>) {
+        let now = self.try_advance();
+        let local = g.local();
+        let mut i = 0;
+        while i < local.bag.len() {
+            let (epoch, e) = local.bag[i];
+            if epoch + 2 <= now {
+                local.bag.swap_remove(i);
+                if local.free.len() < self.params.free_cap {
+                    // SAFETY: unreachable (two epochs old), owned by this slot now.
+                    unsafe { &*e }.state.store(POISON | OBSOLETE, SeqCst);
+                    local.free.push(e);
+                } else {
+                    // SAFETY: `e` was unlinked two epochs ago; no pinned operation can reach
+                    // it, and it came from `Box::into_raw` in `alloc`.
+                    drop(unsafe { Box::from_raw(e) });
+                    self.allocated.fetch_sub(1, SeqCst);
+                }
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// A fresh entry owned by the caller, initialised and not yet linked.
+    fn alloc(&self, g: &Guard<'_>, txn: TxnId, state: u32, head: &LockHead) -> *mut Entry {
+        let local = g.local();
+        // Reuse the oldest free entry first (a stale reference, were there one, would meet a
+        // poisoned entry rather than a recycled one).
+        let e = match (!local.free.is_empty()).then(|| local.free.swap_remove(0)) {
+            Some(e) => e,
+            None => {
+                // Bulk pre-allocation (Jung §4.3), on demand.
+                local
+                    .free
+                    .extend((1..ALLOC_BATCH).map(|_| Box::into_raw(Box::new(Entry::blank()))));
+                self.allocated.fetch_add(ALLOC_BATCH, SeqCst);
+                Box::into_raw(Box::new(Entry::blank()))
+            }
+        };
+        // SAFETY: `e` is from the free list or fresh: unreachable by any other thread.
+        let entry = unsafe { &*e };
+        entry.txn.store(txn, SeqCst);
+        entry.state.store(state, SeqCst);
+        entry.next.store(ptr::null_mut(), SeqCst);
+        entry
+            .head
+            .store(head as *const LockHead as *mut LockHead, SeqCst);
+        // SAFETY: exclusive ownership (see above).
+        unsafe { *entry.thread.get() = Some(current()) };
+        e
+    }
+
+    // ---- hash table and lists ----
+
+    fn bucket(&self, id: &LockId) -> &AtomicPtr<LockHead> {
+        let h = FxBuildHasher
+            .hash_one(id)
+            .wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        &self.buckets[(h >> 32) as usize & (self.buckets.len() - 1)]
+    }
+
+    /// The lock head of `id`, appended to its bucket with a CAS if `create` and missing.
+    fn find_head(&self, id: &LockId, create: bool) -> Option<&LockHead> {
+        let mut link = self.bucket(id);
+        let mut fresh: *mut LockHead = ptr::null_mut();
+        loop {
+            let cur = link.load(SeqCst);
+            if cur.is_null() {
+                if !create {
+                    return None;
+                }
+                if fresh.is_null() {
+                    fresh = Box::into_raw(Box::new(LockHead {
+                        id: id.clone(),
+                        next: AtomicPtr::new(ptr::null_mut()),
+                        first: AtomicPtr::new(ptr::null_mut()),
+                        tail: AtomicPtr::new(ptr::null_mut()),
+                        tag: AtomicU64::new(0),
+                    }));
+                }
+                if link
+                    .compare_exchange(ptr::null_mut(), fresh, SeqCst, SeqCst)
+                    .is_ok()
+                {
+                    // SAFETY: just published; lock heads are freed only by `Drop`.
+                    return Some(unsafe { &*fresh });
+                }
+                continue; // someone appended: look at their head
+            }
+            // SAFETY: lock heads are never unlinked or freed before the table is dropped.
+            let h = unsafe { &*cur };
+            if h.id == *id {
+                if !fresh.is_null() {
+                    // SAFETY: `fresh` was never published.
+                    drop(unsafe { Box::from_raw(fresh) });
+                }
+                return Some(h);
+            }
+            link = &h.next;
+        }
+    }
+
+    fn for_each_head(&self, mut f: impl FnMut(&LockHead)) {
+        for b in self.buckets.iter() {
+            let mut cur = b.load(SeqCst);
+            while !cur.is_null() {
+                // SAFETY: lock heads live as long as the table.
+                let h = unsafe { &*cur };
+                f(h);
+                cur = h.next.load(SeqCst);
+            }
+        }
+    }
+
+    /// Appends `e` at the tail of `h`'s request list (Jung Fig. 4): swap the tail, then link
+    /// the old tail to `e`. Between the two steps the list is half-linked; `walk` waits.
+    fn append(&self, h: &LockHead, e: *mut Entry) {
+        let old = h.tail.swap(e, SeqCst);
+        if old.is_null() {
+            h.first.store(e, SeqCst);
+        } else {
+            // SAFETY: `old` is the previous tail; the last entry of a list is never unlinked,
+            // so it is still allocated.
+            unsafe { &*old }.next.store(e, SeqCst);
+        }
+    }
+
+    /// Visits the entries of `h` in list order until `f` returns false. Must be pinned. Waits
+    /// for a half-linked tail to be linked (Jung Fig. 5), so every entry appended before the
+    /// walk reached the end is visited.
+    fn walk(&self, h: &LockHead, mut f: impl FnMut(&Entry) -> bool) {
+        let mut step = 0;
+        let mut cur = h.first.load(SeqCst);
+        while cur.is_null() {
+            if h.tail.load(SeqCst).is_null() {
+                return; // empty
+            }
+            backoff(&mut step); // first append half-done
+            cur = h.first.load(SeqCst);
+        }
+        loop {
+            // SAFETY: reached from the list while pinned: not recycled before we unpin.
+            let e = unsafe { &*cur };
+            debug_assert!(
+                e.state.load(SeqCst) & POISON == 0,
+                "reached a reclaimed entry"
+            );
+            if !f(e) {
+                return;
+            }
+            let mut next = unmarked(e.next.load(SeqCst));
+            debug_assert!(
+                e.state.load(SeqCst) & POISON == 0,
+                "an entry was reclaimed while a walk stood on it"
+            );
+            while next.is_null() {
+                if h.tail.load(SeqCst) == cur {
+                    return;
+                }
+                backoff(&mut step); // half-linked tail
+                next = unmarked(e.next.load(SeqCst));
+            }
+            cur = next;
+        }
+    }
+
+    /// Walks `h`'s list like [`walk`](Self::walk) (visiting every entry, `f` returns nothing)
+    /// and unlinks the obsolete entries it passes, in the manner of Harris' list: an obsolete
+    /// entry that is not the last one gets its `next` pointer marked (so nothing can be
+    /// unlinked through it any more), then is unlinked with a CAS on its predecessor's
+    /// unmarked link (or the list head) and retired by whoever's CAS succeeds. The last entry
+    /// is never unlinked, so unlinking never races with an append (which only writes a null
+    /// `next`). Jung §4.5 advances only the list head; this also cleans the middle.
+    fn walk_clean(&self, g: &Guard<'_>, h: &LockHead, mut f: impl FnMut(&Entry)) {
+        let mut step = 0;
+        let mut link: &AtomicPtr<Entry> = &h.first;
+        let mut cur = h.first.load(SeqCst);
+        while cur.is_null() {
+            if h.tail.load(SeqCst).is_null() {
+                return; // empty
+            }
+            backoff(&mut step); // first append half-done
+            cur = h.first.load(SeqCst);
+        }
+        loop {
+            // SAFETY: reached from the list while pinned: not recycled before we unpin.
+            let e = unsafe { &*cur };
+            let state = e.state.load(SeqCst);
+            debug_assert!(state & POISON == 0, "reached a reclaimed entry");
+            f(e);
+            let mut raw = e.next.load(SeqCst);
+            while raw.is_null() {
+                if h.tail.load(SeqCst) == cur {
+                    return;
+                }
+                backoff(&mut step); // half-linked tail
+                raw = e.next.load(SeqCst);
+            }
+            let next = unmarked(raw);
+            if state & OBSOLETE != 0 {
+                // Freeze `next` by marking it (or find it marked, hence frozen). If the mark
+                // fails, `next` was just changed (its successor was unlinked): leave `e` for a
+                // later pass rather than relink a removed entry.
+                let frozen = raw != next
+                    || e.next
+                        .compare_exchange(raw, marked(raw), SeqCst, SeqCst)
+                        .is_ok();
+                if frozen && link.compare_exchange(cur, next, SeqCst, SeqCst).is_ok() {
+                    self.retire(g, cur);
+                    cur = next;
+                    continue; // `link` now points to `next`
+                }
+            }
+            link = &e.next;
+            cur = next;
+        }
+    }
+
+    /// The live entry of `txn` on `h`.
+    fn find_entry(&self, h: &LockHead, txn: TxnId) -> Option<*mut Entry> {
+        let mut found = None;
+        self.walk(h, |e| {
+            if e.state.load(SeqCst) & OBSOLETE == 0 && e.txn.load(SeqCst) == txn {
+                found = Some(e as *const Entry as *mut Entry);
+                return false;
+            }
+            true
+        });
+        found
+    }
+
+    // ---- grant rule, wake-ups ----
+
+    /// Kimura's rule for `me` (null: a request about to be appended at the tail) asking for
+    /// `target`: every other granted mode must be compatible; a new request must also be
+    /// compatible with the requested mode of every waiting request ahead of it.
+    fn evaluate(
+        &self,
+        h: &LockHead,
+        me: *const Entry,
+        txn: TxnId,
+        target: LockMode,
+        new: bool,
+        recheck: bool,
+    ) -> Verdict {
+        let mut verdict = Verdict::Grant;
+        let mut ahead = true;
+        self.walk(h, |e| {
+            if ptr::eq(e, me) {
+                ahead = false;
+                return true;
+            }
+            let s = e.state.load(SeqCst);
+            if s & OBSOLETE != 0 {
+                return true;
+            }
+            let other = e.txn.load(SeqCst);
+            if !granted_of(s).compatible(target) {
+                verdict = if recheck && s & TENTATIVE != 0 && other > txn {
+                    Verdict::Retry
+                } else {
+                    Verdict::Blocked(other)
+                };
+                return matches!(verdict, Verdict::Retry);
+            }
+            if new && ahead && s & WAITING != 0 && !requested_of(s).compatible(target) {
+                verdict = Verdict::Blocked(other);
+                return false;
+            }
+            true
+        });
+        verdict
+    }
+
+    /// Wakes the waiters of `h` whose requested mode conflicts with a mode in `mask` that
+    /// `me` stopped holding or requesting. Call after the state change and a fence.
+    /// Also unlinks the obsolete entries it passes.
+    fn wake(&self, g: &Guard<'_>, h: &LockHead, me: *const Entry, mask: u16) {
+        self.walk_clean(g, h, |e| {
+            if !ptr::eq(e, me) {
+                let s = e.state.load(SeqCst);
+                if s & WAITING != 0
+                    && s & OBSOLETE == 0
+                    && !compatible_with_all(requested_of(s), mask)
+                {
+                    e.unpark();
+                }
+            }
+        });
+    }
+
+    // ---- deadlock detection ----
+
+    fn register_waiter(&self, txn: TxnId, e: *mut Entry) -> Option<usize> {
+        let n = self.waiting.len();
+        let start = (txn as usize).wrapping_mul(0x9E37_79B9) % n;
+        (0..n).map(|i| (start + i) % n).find(|&i| {
+            self.waiting[i]
+                .compare_exchange(ptr::null_mut(), e, SeqCst, SeqCst)
+                .is_ok()
+        })
+    }
+
+    /// The waiting entry of `txn`, if registered. Must be pinned.
+    fn waiting_entry(&self, txn: TxnId) -> Option<&Entry> {
+        let n = self.waiting.len();
+        let start = (txn as usize).wrapping_mul(0x9E37_79B9) % n;
+        (0..n).find_map(|i| {
+            let p = self.waiting[(start + i) % n].load(SeqCst);
+            if p.is_null() {
+                return None;
+            }
+            // SAFETY: a registered entry is live; it is unregistered before it can become
+            // obsolete, and it is not recycled while we are pinned.
+            let e = unsafe { &*p };
+            (e.txn.load(SeqCst) == txn).then_some(e)
+        })
+    }
+
+    /// The transactions blocking the waiting entry `e` (empty if it does not wait).
+    fn blockers(&self, e: &Entry) -> Vec<TxnId> {
+        let s = e.state.load(SeqCst);
+        if s & WAITING == 0 || s & OBSOLETE != 0 {
+            return Vec::new();
+        }
+        let (target, new) = (requested_of(s), granted_of(s) == LockMode::N);
+        // SAFETY: lock heads live as long as the table.
+        let h = unsafe { &*e.head.load(SeqCst) };
+        let mut out = Vec::new();
+        let mut ahead = true;
+        self.walk(h, |o| {
+            if ptr::eq(o, e) {
+                ahead = false;
+                return true;
+            }
+            let so = o.state.load(SeqCst);
+            if so & OBSOLETE == 0
+                && (!granted_of(so).compatible(target)
+                    || (new && ahead && so & WAITING != 0 && !requested_of(so).compatible(target)))
+            {
+                out.push(o.txn.load(SeqCst));
+            }
+            true
+        });
+        out
+    }
+
+    /// Searches the waits-for relation from `me`'s waiting entry through the lock lists and
+    /// the waiting registry (bounded). On a cycle on which `me` is the youngest (largest id)
+    /// transaction, returns the transaction `me` waits for on it: `me` is the victim. On a
+    /// cycle with a younger member, unparks that member so that it runs its own search at
+    /// once and aborts itself.
+    fn deadlock_victim(&self, me: TxnId, e: &Entry) -> Option<TxnId> {
+        let mut budget = DEADLOCK_BUDGET;
+        let mut visited = Vec::new();
+        let mut path = Vec::new();
+        let mut youngest = Vec::new();
+        let victim = self.dfs(me, e, &mut path, &mut visited, &mut budget, &mut youngest);
+        if victim.is_none() {
+            for y in youngest {
+                if let Some(ye) = self.waiting_entry(y) {
+                    ye.unpark();
+                }
+            }
+        }
+        victim
+    }
+
+    fn dfs(
+        &self,
+        me: TxnId,
+        e: &Entry,
+        path: &mut Vec<TxnId>,
+        visited: &mut Vec<TxnId>,
+        budget: &mut u32,
+        youngest: &mut Vec<TxnId>,
+    ) -> Option<TxnId> {
+        for b in self.blockers(e) {
+            if b == me {
+                match path.iter().max() {
+                    Some(&y) if y > me => {
+                        if !youngest.contains(&y) {
+                            youngest.push(y);
+                        }
+                    }
+                    _ => return Some(*path.first().unwrap_or(&me)),
+                }
+                continue;
+            }
+            if visited.contains(&b) || path.len() >= DEADLOCK_DEPTH || *budget == 0 {
+                continue;
+            }
+            visited.push(b);
+            *budget -= 1;
+            if let Some(be) = self.waiting_entry(b) {
+                path.push(b);
+                let r = self.dfs(me, be, path, visited, budget, youngest);
+                path.pop();
+                if r.is_some() {
+                    return r;
+                }
+            }
+        }
+        None
+    }
+
+    // ---- acquire ----
+
+    /// `lock` (`timeout = Some`) and `try_lock` (`None`).
+    fn acquire(
+        &self,
+        txn: TxnId,
+        id: &LockId,
+        mode: LockMode,
+        timeout: Option<Duration>,
+    ) -> Result<LockMode, LockFailure> {
+        let mut guard = self.pin();
+        let Some(h) = self.find_head(id, mode != LockMode::N) else {
+            return Ok(LockMode::N);
+        };
+        let (e, held, target, new) = match self.find_entry(h, txn) {
+            Some(e) => {
+                // SAFETY: our own live entry: only we can make it obsolete.
+                let entry = unsafe { &*e };
+                let s = entry.state.load(SeqCst);
+                debug_assert!(s & WAITING == 0, "one lock call per transaction at a time");
+                let held = granted_of(s);
+                if held.covers(mode) {
+                    return Ok(held);
+                }
+                let target = held.supremum(mode);
+                if timeout.is_none()
+                    && !matches!(
+                        self.evaluate(h, e, txn, target, false, false),
+                        Verdict::Grant
+                    )
+                {
+                    return Err(LockFailure::WouldBlock);
+                }
+                entry.state.store(pack(held, target, WAITING), SeqCst);
+                (e, held, target, false)
+            }
+            None => {
+                if mode == LockMode::N {
+                    return Ok(LockMode::N);
+                }
+                if timeout.is_none()
+                    && !matches!(
+                        self.evaluate(h, ptr::null(), txn, mode, true, false),
+                        Verdict::Grant
+                    )
+                {
+                    return Err(LockFailure::WouldBlock);
+                }
+                let e = self.alloc(&guard, txn, pack(LockMode::N, mode, WAITING), h);
+                self.append(h, e);
+                (e, LockMode::N, mode, true)
+            }
+        };
+        // SAFETY: our own live entry.
+        let entry = unsafe { &*e };
+        let waiting = pack(held, target, WAITING);
+        // Wakers unpark the thread recorded in the entry when it was appended. A conversion
+        // asked from another thread (against the one-thread-per-transaction rule) cannot be
+        // woken that way, so it polls.
+        // SAFETY: our own entry; `thread` is only written before the entry is linked.
+        let foreign =
+            unsafe { &*entry.thread.get() }.as_ref().map(|t| t.id()) != Some(current().id());
+        let start = Instant::now();
+        let mut registered: Option<usize> = None;
+        loop {
+            // RAW: our WAITING state is published; read the others' states only after a fence.
+            fence(SeqCst);
+            let mut verdict = self.evaluate(h, e, txn, target, new, false);
+            if let Verdict::Grant = verdict {
+                // Tentative grant, fence, re-check (Dekker): of two conflicting grants at
+                // least one sees the other's tentative mode and backs off.
+                entry.state.store(pack(target, target, TENTATIVE), SeqCst);
+                let mut step = 0;
+                loop {
+                    fence(SeqCst);
+                    match self.evaluate(h, e, txn, target, new, true) {
+                        Verdict::Retry => backoff(&mut step),
+                        v => {
+                            verdict = v;
+                            break;
+                        }
+                    }
+                }
+                if let Verdict::Grant = verdict {
+                    entry.state.store(pack(target, target, 0), SeqCst);
+                    if let Some(i) = registered {
+                        self.waiting[i].store(ptr::null_mut(), SeqCst);
+                    }
+                    return Ok(target);
+                }
+                // Back off; others may have blocked on our tentative mode: wake them.
+                entry.state.store(waiting, SeqCst);
+                fence(SeqCst);
+                self.wake(&guard, h, e, bit(target));
+            }
+            let blocker = match verdict {
+                Verdict::Blocked(b) => Some(b),
+                _ => None,
+            };
+            let failure = match timeout {
+                None => Some(LockFailure::WouldBlock),
+                Some(t) if start.elapsed() >= t => Some(LockFailure::Timeout {
+                    blocker,
+                    waited: start.elapsed(),
+                }),
+                Some(_) => None,
+            };
+            let failure = failure.or_else(|| {
+                // At the first wait, after every wake-up, and every DEADLOCK_RECHECK.
+                if self.policy != DeadlockPolicy::WaitForGraph {
+                    return None;
+                }
+                if registered.is_none() {
+                    registered = self.register_waiter(txn, e);
+                    fence(SeqCst);
+                }
+                self.deadlock_victim(txn, entry)
+                    .map(|b| LockFailure::Deadlock { blocker: Some(b) })
+            });
+            if let Some(f) = failure {
+                if let Some(i) = registered {
+                    self.waiting[i].store(ptr::null_mut(), SeqCst);
+                }
+                // Withdraw: a new request dies, a conversion falls back to its held mode.
+                let done = if new {
+                    pack(LockMode::N, target, OBSOLETE)
+                } else {
+                    pack(held, held, 0)
+                };
+                entry.state.store(done, SeqCst);
+                fence(SeqCst);
+                self.wake(&guard, h, e, bit(target));
+                return Err(f);
+            }
+            let mut nap = timeout.unwrap_or_default().saturating_sub(start.elapsed());
+            if self.policy == DeadlockPolicy::WaitForGraph {
+                nap = nap.min(DEADLOCK_RECHECK);
+            }
+            if foreign {
+                nap = nap.min(FOREIGN_POLL);
+            }
+            // Never park pinned: our entry and lock head stay valid without a pin (a live
+            // entry is never unlinked, lock heads are never freed).
+            drop(guard);
+            park_timeout(nap);
+            guard = self.pin();
+        }
+    }
+}
+
+impl LockTable for LatchFreeLockTable {
+    fn lock(
+        &self,
+        txn: TxnId,
+        id: &LockId,
+        mode: LockMode,
+        timeout: Duration,
+    ) -> Result<LockMode, LockFailure> {
+        self.acquire(txn, id, mode, Some(timeout))
+    }
+
+    fn try_lock(&self, txn: TxnId, id: &LockId, mode: LockMode) -> Result<LockMode, LockFailure> {
+        self.acquire(txn, id, mode, None)
+    }
+
+    fn unlock(&self, txn: TxnId, id: &LockId) {
+        self.unlock_tagged(txn, id, 0);
+    }
+
+    fn unlock_tagged(&self, txn: TxnId, id: &LockId, tag: u64) {
+        let guard = self.pin();
+        let Some(h) = self.find_head(id, false) else {
+            return;
+        };
+        let Some(e) = self.find_entry(h, txn) else {
+            return;
+        };
+        h.tag.fetch_max(tag, SeqCst);
+        // SAFETY: our own live entry.
+        let entry = unsafe { &*e };
+        let s = entry.state.load(SeqCst);
+        // Release (Jung Fig. 3 R2-R11): mark obsolete, fence, wake the waiters it blocked.
+        entry.state.store(s | OBSOLETE, SeqCst);
+        fence(SeqCst);
+        self.wake(&guard, h, e, bit(granted_of(s)) | bit(requested_of(s)));
+    }
+
+    fn is_free(&self, id: &LockId) -> bool {
+        let _g = self.pin();
+        let Some(h) = self.find_head(id, false) else {
+            return true;
+        };
+        let mut free = true;
+        self.walk(h, |e| {
+            free &= e.state.load(SeqCst) & OBSOLETE != 0;
+            free
+        });
+        free
+    }
+
+    fn tag(&self, id: &LockId) -> u64 {
+        self.find_head(id, false).map_or(0, |h| h.tag.load(SeqCst))
+    }
+}
+
+impl Drop for LatchFreeLockTable {
+    fn drop(&mut self) {
+        let mut heads = Vec::new();
+        self.for_each_head(|h| heads.push(h as *const LockHead as *mut LockHead));
+        for hp in heads {
+            // SAFETY: `&mut self`: no other thread uses the table; every lock head came from
+            // `Box::into_raw` and is visited once.
+            let h = unsafe { Box::from_raw(hp) };
+            let mut cur = h.first.load(SeqCst);
+            while !cur.is_null() {
+                // SAFETY: every linked entry came from `Box::into_raw` and is linked once
+                // (unlinked entries are in the slots' bags, not here).
+                let e = unsafe { Box::from_raw(cur) };
+                cur = unmarked(e.next.load(SeqCst));
+            }
+        }
+        for s in self.slots.iter_mut() {
+            let local = s.local.get_mut();
+            for (_, e) in local.bag.drain(..) {
+                // SAFETY: retired entries are unlinked and owned by the bag.
+                drop(unsafe { Box::from_raw(e) });
+            }
+            for e in local.free.drain(..) {
+                // SAFETY: free entries are owned by the free list.
+                drop(unsafe { Box::from_raw(e) });
+            }
+        }
+    }
+}

@@ -1,0 +1,222 @@
+//! Lock manager: lock modes and their compatibility (Kimura et al. 2012, Tables 2-4), and the
+//! lock table behind the [`LockTable`] interface.
+//!
+//! Lock names are logical: a key-range lock names a key value of a table (or the table's
+//! `-infinity` low fence, [`LockId::NegInf`]), never a page, so B+-tree splits never move locks.
+//! A key-range lock on key `k` covers `k` and the open gap up to the next key in the index
+//! (prior-key locking, Kimura §2.2).
+//!
+//! This issue's table is [`simple::SimpleLockTable`]: a sharded hash table with one mutex per
+//! shard and a FIFO queue per lock. The scalable latch-free table replaces it behind the same
+//! trait.
+
+pub mod dread;
+pub mod intent;
+pub mod latchfree;
+pub mod modes;
+pub mod simple;
+
+use std::time::Duration;
+
+pub use modes::LockMode;
+
+/// Identifies a table inside one database.
+pub type TableId = u32;
+/// Identifies a transaction; ids grow with begin order (older = smaller).
+pub type TxnId = u64;
+
+/// The name of a lockable resource.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum LockId {
+    /// The whole database (intent modes).
+    Database,
+    /// One table (intent modes).
+    Table(TableId),
+    /// The low fence `-infinity` of a table's leftmost leaf: its gap covers everything below
+    /// the table's first key (key-range modes).
+    NegInf(TableId),
+    /// A key value of a table (key-range modes).
+    Key(TableId, Box<[u8]>),
+}
+
+/// Why a lock request failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LockFailure {
+    /// The requester was chosen as a deadlock victim. `blocker` is a transaction it waited for.
+    Deadlock {
+        /// A transaction the requester waited for, if known.
+        blocker: Option<TxnId>,
+    },
+    /// The request waited longer than its timeout.
+    Timeout {
+        /// A transaction the requester waited for, if known.
+        blocker: Option<TxnId>,
+        /// How long it waited.
+        waited: Duration,
+    },
+    /// A conditional request (`try_lock`) could not be granted at once.
+    WouldBlock,
+}
+
+/// Deadlock handling of the lock table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum DeadlockPolicy {
+    /// Wait up to the timeout, then fail with [`LockFailure::Timeout`].
+    Timeout,
+    /// On blocking, search the waits-for graph for a cycle through the requester; if one is
+    /// found the requester fails at once with [`LockFailure::Deadlock`]. Waits still time out.
+    #[default]
+    WaitForGraph,
+    /// Never wait: a request that cannot be granted at once fails with
+    /// [`LockFailure::Deadlock`] (prevention; no deadlock can form).
+    NoWait,
+    /// Wait-die (prevention): an older requester waits for younger holders; a younger one
+    /// dies (fails with [`LockFailure::Deadlock`]) rather than wait for an older one.
+    WaitDie,
+    /// Wound-wait (prevention): an older requester wounds the younger transactions it waits
+    /// for (a wounded transaction fails with [`LockFailure::Deadlock`] the next time it waits
+    /// on a lock); a younger requester waits for older ones.
+    WoundWait,
+    /// Dreadlocks (Koskinen and Herlihy; Kimura et al. 2012 §4.2, Algorithm 5): each waiting
+    /// thread repeatedly ORs the Bloom-filter digests of the transactions it waits for into its
+    /// own; finding its own fingerprint in a blocker's digest means a cycle, and the younger
+    /// of the two (kill-young) fails with [`LockFailure::Deadlock`].
+    Dreadlocks(WaitStyle),
+}
+
+/// Which transaction of a deadlock Dreadlocks rolls back (Kimura et al. 2012 §4.3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Victim {
+    /// The younger transaction (larger id): the least work lost, no starvation.
+    #[default]
+    KillYoung,
+    /// The transaction whose thread has the shorter flush pipeline (fewer pipelined commits
+    /// waiting to become durable): aborting it stalls less work. Ties: the younger.
+    KillShort,
+    /// The transaction whose thread has the longer flush pipeline. Ties: the younger.
+    KillLong,
+}
+
+/// Which key-range lock modes the transaction layer may use (Kimura et al. 2012 §2, §6.3).
+/// The protocol always asks for the most precise mode it needs; the coarser designs map each
+/// request to the nearest mode they have, as Kimura §6.3 simulated Lomet's design. All three
+/// are serializable: a mapped mode is never weaker than the requested one.
+///
+/// ```
+/// let o = shoal::Options { key_range_modes: shoal::KeyRangeModes::Lomet, ..Default::default() };
+/// let db = shoal::Database::in_memory_with(o);
+/// let t = db.create_table("t")?;
+/// db.run(|tx| tx.put(&t, "k", "v"))?;
+/// # Ok::<(), shoal::Error>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum KeyRangeModes {
+    /// Graefe's orthogonal modes: key and gap each free, shared or exclusive (N S X NS NX SN
+    /// SX XN XS).
+    #[default]
+    Graefe,
+    /// Lomet's modes (as in SQL Server: key-only S and X, RangeS-S, RangeI-N, RangeX-X): a
+    /// gap-only shared lock (NS) becomes SS, and the mixed modes SX and XS become XX.
+    Lomet,
+    /// Only S and X on a key, covering the key and its gap (ARIES/KVL, the original Shore-MT):
+    /// every shared request becomes SS, every exclusive one XX.
+    SharedExclusive,
+}
+
+impl KeyRangeModes {
+    /// The mode this design takes for a request of `m` on a key.
+    pub fn map(self, m: LockMode) -> LockMode {
+        use LockMode::*;
+        match (self, m) {
+            (KeyRangeModes::Graefe, m) => m,
+            (KeyRangeModes::Lomet, NS) => S,
+            (KeyRangeModes::Lomet, SX | XS) => X,
+            (KeyRangeModes::Lomet, m) => m,
+            (KeyRangeModes::SharedExclusive, NS | SN) => S,
+            (KeyRangeModes::SharedExclusive, NX | XN | SX | XS) => X,
+            (KeyRangeModes::SharedExclusive, m) => m,
+        }
+    }
+}
+
+/// How a Dreadlocks waiter waits between digest refreshes (Kimura §4.2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum WaitStyle {
+    /// Spin (yielding the CPU between checks): fastest hand-over, burns a core per waiter.
+    /// Releases mark waiters' digests stale as with `SleepBackoff`.
+    Spin,
+    /// Sleep between refreshes: cheap, but a sleeper's digest goes stale and may cause false
+    /// deadlocks.
+    Sleep,
+    /// Sleep, and have every release mark the digests of the queue's waiters stale, so other
+    /// threads ignore them until their owners refresh: no false deadlocks from sleepers.
+    #[default]
+    SleepBackoff,
+    /// Spin while the spinning waiters fit on the cores, sleep with backoff past that.
+    Hybrid,
+}
+
+/// The interface every lock table implements. Implementations are shared by all threads.
+///
+/// A transaction holds at most one request per [`LockId`]; asking again for a lock it holds is
+/// a conversion to the supremum of the held and the requested mode. Grants are FIFO per lock
+/// with the conversion rule of Kimura §4.2: a conversion is granted when the new mode is
+/// compatible with every *other granted* mode; a new request is granted only when it is
+/// compatible with every granted mode *and* with the requested mode of every request waiting
+/// ahead of it (so a waiting conversion blocks later compatible requests).
+pub trait LockTable: Send + Sync {
+    /// Acquires `mode` on `id` for `txn` (or converts its held lock), waiting up to `timeout`.
+    /// Returns the mode now held (the supremum of held and requested).
+    fn lock(
+        &self,
+        txn: TxnId,
+        id: &LockId,
+        mode: LockMode,
+        timeout: Duration,
+    ) -> Result<LockMode, LockFailure>;
+
+    /// Like [`lock`](Self::lock) but never waits: fails with [`LockFailure::WouldBlock`] and
+    /// leaves no request behind when the lock cannot be granted at once.
+    fn try_lock(&self, txn: TxnId, id: &LockId, mode: LockMode) -> Result<LockMode, LockFailure>;
+
+    /// Releases whatever `txn` holds on `id` and grants waiters that become compatible.
+    /// Releasing a lock that is not held is a no-op.
+    fn unlock(&self, txn: TxnId, id: &LockId);
+
+    /// True when no transaction holds or waits for `id` (used before removing a ghost).
+    fn is_free(&self, id: &LockId) -> bool;
+
+    /// Like [`unlock`](Self::unlock), and raises the early-lock-release tag of `id` to at
+    /// least `tag` (the releasing transaction's commit LSN; Kimura §5.3, Algorithm 6). The tag
+    /// outlives the queue: a queue created later for `id` must report at least this tag.
+    fn unlock_tagged(&self, txn: TxnId, id: &LockId, tag: u64);
+
+    /// The early-lock-release tag of `id`: the highest commit LSN of a transaction that
+    /// released an exclusive lock on it before its commit was durable (0 if none). May be
+    /// larger than that (it may be shared with other resources), never smaller.
+    fn tag(&self, id: &LockId) -> u64;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn coarser_key_range_designs_never_weaken_a_request() {
+        use LockMode::*;
+        for d in [
+            KeyRangeModes::Graefe,
+            KeyRangeModes::Lomet,
+            KeyRangeModes::SharedExclusive,
+        ] {
+            for m in [N, S, X, NS, NX, SN, SX, XN, XS] {
+                assert!(d.map(m).covers(m), "{d:?} maps {m:?} to {:?}", d.map(m));
+            }
+        }
+        assert_eq!(KeyRangeModes::Lomet.map(NS), S);
+        assert_eq!(KeyRangeModes::Lomet.map(SN), SN);
+        assert_eq!(KeyRangeModes::Lomet.map(NX), NX);
+        assert_eq!(KeyRangeModes::SharedExclusive.map(SN), S);
+        assert_eq!(KeyRangeModes::SharedExclusive.map(NX), X);
+    }
+}

@@ -1,0 +1,397 @@
+//! The log buffer and its flush daemon (Shore-MT §6.2.4; group commit).
+//!
+//! Inserting a record has three steps, and only the first is a critical section:
+//!
+//! 1. **claim** (under a mutex): take the next LSN range and make sure the ring has room,
+//!    waiting for the flusher if it does not. The claim order is the log order, and commits
+//!    claim in commit-request order, so commit order = log order (ELR paper §3.2);
+//! 2. **copy** the bytes into the claimed region of the ring, in parallel with other threads;
+//! 3. **release** in LSN order: wait until every earlier claim is released, then publish the new
+//!    end (`released`). The flusher only ever writes bytes below `released`.
+//!
+//! The flush daemon writes `[durable, released)` to the current segment file, fsyncs, sleeps
+//! the configured extra device latency, publishes `durable` and wakes the waiters: every commit
+//! that arrived during a flush shares the next one (group commit). A failed write or fsync is
+//! fatal for the log: every waiter and every later insert gets the error, and nothing written
+//! after it is reported durable.
+
+use std::cell::UnsafeCell;
+use std::fs::File;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use super::segment;
+use crate::error::{Error, Result};
+
+/// How the flusher is driven.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum FlushPolicy {
+    /// Flush as soon as anything is released (waiters are waiting).
+    Eager,
+    /// Flush at least every `delay`, or when the ring is half full.
+    Periodic(Duration),
+}
+
+/// Settings of a log.
+#[derive(Clone, Debug)]
+pub(crate) struct LogConfig {
+    pub dir: PathBuf,
+    pub capacity: usize,
+    pub segment_size: u64,
+    pub extra_latency: Duration,
+    pub policy: FlushPolicy,
+}
+
+struct Ring {
+    data: UnsafeCell<Box<[u8]>>,
+}
+
+// SAFETY: threads only touch disjoint byte ranges of the ring, as the claim/release protocol
+// documented on `LogShared` guarantees; the atomics `released` and `durable` order the writes
+// of one thread before the reads of another.
+unsafe impl Sync for Ring {}
+
+struct ClaimState {
+    next: u64,
+}
+
+/// State shared by inserters and the flush daemon.
+///
+/// Invariants: `durable <= released <= claim.next`, `claim.next - durable <= capacity`.
+/// Bytes of LSN range `[released, claim.next)` belong to their claimers until released; bytes
+/// of `[durable, released)` are read only by the flusher; the ring position of LSN `x` is
+/// reused for LSN `x + capacity` only once `durable > x`.
+pub(crate) struct LogShared {
+    ring: Ring,
+    cap: usize,
+    claim: Mutex<ClaimState>,
+    released: AtomicU64,
+    durable: AtomicU64,
+    failed: AtomicBool,
+    failure: Mutex<Option<String>>,
+    /// Waiters for `durable` (and for ring space) sleep here.
+    wait_lock: Mutex<()>,
+    durable_cv: Condvar,
+    /// The flusher sleeps here.
+    work_lock: Mutex<bool>,
+    work_cv: Condvar,
+    shutdown: AtomicBool,
+    dir: PathBuf,
+    flushes: AtomicU64,
+    /// Work to run once the log is durable up to an LSN (pipelined commits).
+    callbacks: Mutex<Vec<(u64, DurableCallback)>>,
+}
+
+/// Called once with the outcome when a record becomes durable (or the log fails).
+pub(crate) type DurableCallback = Box<dyn FnOnce(std::result::Result<(), String>) + Send>;
+
+impl LogShared {
+    fn fail_error(&self) -> Error {
+        let msg = self
+            .failure
+            .lock()
+            .clone()
+            .unwrap_or_else(|| "log failed".to_string());
+        Error::Io {
+            path: self.dir.clone(),
+            source: std::io::Error::other(format!(
+                "the log is unusable after an earlier failure: {msg}"
+            )),
+        }
+    }
+
+    fn wake_flusher(&self) {
+        let mut pending = self.work_lock.lock();
+        *pending = true;
+        self.work_cv.notify_one();
+    }
+}
+
+/// The write-ahead log: a ring buffer plus its flush daemon.
+pub(crate) struct LogBuffer {
+    shared: Arc<LogShared>,
+    flusher: Option<std::thread::JoinHandle<()>>,
+}
+
+impl LogBuffer {
+    /// Starts a log whose next record gets LSN `start`, appending to a new segment file that
+    /// begins at `start`.
+    pub fn start(cfg: LogConfig, start: u64) -> Result<LogBuffer> {
+        let cap = cfg.capacity.next_power_of_two().max(1 << 16);
+        let shared = Arc::new(LogShared {
+            ring: Ring {
+                data: UnsafeCell::new(vec![0u8; cap].into_boxed_slice()),
+            },
+            cap,
+            claim: Mutex::new(ClaimState { next: start }),
+            released: AtomicU64::new(start),
+            durable: AtomicU64::new(start),
+            failed: AtomicBool::new(false),
+            failure: Mutex::new(None),
+            wait_lock: Mutex::new(()),
+            durable_cv: Condvar::new(),
+            work_lock: Mutex::new(false),
+            work_cv: Condvar::new(),
+            shutdown: AtomicBool::new(false),
+            dir: cfg.dir.clone(),
+            flushes: AtomicU64::new(0),
+            callbacks: Mutex::new(Vec::new()),
+        });
+        let file = segment::create(&cfg.dir, start)?;
+        let sh = Arc::clone(&shared);
+        let flusher = std::thread::Builder::new()
+            .name("shoal-log-flusher".into())
+            .spawn(move || flusher_main(sh, cfg, file, start))
+            .map_err(|source| Error::Io {
+                path: PathBuf::from("<log flusher thread>"),
+                source,
+            })?;
+        Ok(LogBuffer {
+            shared,
+            flusher: Some(flusher),
+        })
+    }
+
+    /// Appends one framed record; returns its `(lsn, end)`. The record is in the buffer (and
+    /// ordered after every earlier insert) when this returns, not yet durable.
+    pub fn insert(&self, bytes: &[u8]) -> Result<(u64, u64)> {
+        let sh = &*self.shared;
+        let len = bytes.len() as u64;
+        if bytes.len() > sh.cap / 2 {
+            return Err(Error::Unsupported(format!(
+                "a transaction's log record of {} bytes exceeds half the log buffer ({} bytes)",
+                bytes.len(),
+                sh.cap
+            )));
+        }
+        // 1. Claim.
+        let lsn = {
+            let mut c = sh.claim.lock();
+            loop {
+                if sh.failed.load(Ordering::Acquire) {
+                    return Err(sh.fail_error());
+                }
+                if c.next + len - sh.durable.load(Ordering::Acquire) <= sh.cap as u64 {
+                    break;
+                }
+                // Ring full: let the flusher make room. Holding the claim mutex keeps the
+                // claim order FIFO; everyone behind us would wait for space anyway.
+                sh.wake_flusher();
+                let mut g = sh.wait_lock.lock();
+                if c.next + len - sh.durable.load(Ordering::Acquire) > sh.cap as u64 {
+                    sh.durable_cv.wait_for(&mut g, Duration::from_millis(1));
+                }
+            }
+            let lsn = c.next;
+            c.next += len;
+            lsn
+        };
+        // 2. Copy, outside any critical section.
+        let start = (lsn % sh.cap as u64) as usize;
+        let first = bytes.len().min(sh.cap - start);
+        // SAFETY: `[lsn, lsn + len)` was claimed by this thread alone; its ring positions are
+        // free because `lsn + len - durable <= cap` (checked under the claim mutex, and
+        // `durable` only grows), and the flusher reads only below `released <= lsn`.
+        unsafe {
+            let base = (*sh.ring.data.get()).as_mut_ptr();
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), base.add(start), first);
+            if first < bytes.len() {
+                std::ptr::copy_nonoverlapping(bytes.as_ptr().add(first), base, bytes.len() - first);
+            }
+        }
+        // 3. Release in LSN order.
+        let mut spins = 0u32;
+        while sh.released.load(Ordering::Acquire) != lsn {
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        sh.released.store(lsn + len, Ordering::Release);
+        Ok((lsn, lsn + len))
+    }
+
+    /// The durable LSN: every record that ends at or below it is on stable storage.
+    pub fn durable(&self) -> u64 {
+        self.shared.durable.load(Ordering::Acquire)
+    }
+
+    /// Asks the flusher to write out everything released so far.
+    pub fn request_flush(&self) {
+        self.shared.wake_flusher();
+    }
+
+    /// The end of the released log: every record below it is in the buffer.
+    pub fn released(&self) -> u64 {
+        self.shared.released.load(Ordering::Acquire)
+    }
+
+    /// Runs `cb` once the log is durable up to `end` (at once if it already is), on the flush
+    /// daemon's thread; or with the error if the log fails first.
+    pub fn on_durable(&self, end: u64, cb: DurableCallback) {
+        let sh = &*self.shared;
+        let mut cbs = sh.callbacks.lock();
+        if sh.failed.load(Ordering::Acquire) {
+            drop(cbs);
+            cb(Err(sh.fail_error().to_string()));
+        } else if sh.durable.load(Ordering::Acquire) >= end {
+            drop(cbs);
+            cb(Ok(()));
+        } else {
+            cbs.push((end, cb));
+            drop(cbs);
+            sh.wake_flusher();
+        }
+    }
+
+    /// Waits until `end` is durable.
+    pub fn wait_durable(&self, end: u64) -> Result<()> {
+        let sh = &*self.shared;
+        if sh.durable.load(Ordering::Acquire) >= end {
+            return Ok(());
+        }
+        sh.wake_flusher();
+        let mut g = sh.wait_lock.lock();
+        loop {
+            if sh.durable.load(Ordering::Acquire) >= end {
+                return Ok(());
+            }
+            if sh.failed.load(Ordering::Acquire) {
+                return Err(sh.fail_error());
+            }
+            sh.durable_cv.wait_for(&mut g, Duration::from_millis(10));
+        }
+    }
+
+    /// Writes out and fsyncs everything inserted so far.
+    pub fn flush(&self) -> Result<()> {
+        let end = self.released();
+        self.wait_durable(end)
+    }
+
+    /// The directory holding the segments.
+    pub fn dir(&self) -> &Path {
+        &self.shared.dir
+    }
+}
+
+impl Drop for LogBuffer {
+    fn drop(&mut self) {
+        self.shared.shutdown.store(true, Ordering::Release);
+        self.shared.wake_flusher();
+        if let Some(h) = self.flusher.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+fn flusher_main(sh: Arc<LogShared>, cfg: LogConfig, mut file: File, start: u64) {
+    let mut seg_start = start;
+    let mut durable = start;
+    loop {
+        // Wait for work.
+        {
+            let mut pending = sh.work_lock.lock();
+            let timeout = match cfg.policy {
+                FlushPolicy::Eager => Duration::from_millis(5),
+                FlushPolicy::Periodic(d) => d,
+            };
+            if !*pending && !sh.shutdown.load(Ordering::Acquire) {
+                let deadline = Instant::now() + timeout;
+                while !*pending && !sh.shutdown.load(Ordering::Acquire) {
+                    if sh.work_cv.wait_until(&mut pending, deadline).timed_out() {
+                        break;
+                    }
+                }
+            }
+            *pending = false;
+        }
+        let released = sh.released.load(Ordering::Acquire);
+        if released > durable {
+            if let Err(e) = flush_range(&sh, &cfg, &mut file, &mut seg_start, durable, released) {
+                *sh.failure.lock() = Some(e.to_string());
+                sh.failed.store(true, Ordering::Release);
+                {
+                    let _g = sh.wait_lock.lock();
+                    sh.durable_cv.notify_all();
+                }
+                let cbs = std::mem::take(&mut *sh.callbacks.lock());
+                for (_, cb) in cbs {
+                    cb(Err(e.to_string()));
+                }
+                return;
+            }
+            durable = released;
+            sh.flushes.fetch_add(1, Ordering::Relaxed);
+            {
+                let _g = sh.wait_lock.lock();
+                sh.durable.store(durable, Ordering::Release);
+                sh.durable_cv.notify_all();
+            }
+            let ready: Vec<DurableCallback> = {
+                let mut cbs = sh.callbacks.lock();
+                let mut ready = Vec::new();
+                let mut i = 0;
+                while i < cbs.len() {
+                    if cbs[i].0 <= durable {
+                        ready.push(cbs.swap_remove(i).1);
+                    } else {
+                        i += 1;
+                    }
+                }
+                ready
+            };
+            for cb in ready {
+                cb(Ok(()));
+            }
+        }
+        if sh.shutdown.load(Ordering::Acquire) && sh.released.load(Ordering::Acquire) == durable {
+            return;
+        }
+    }
+}
+
+fn flush_range(
+    sh: &LogShared,
+    cfg: &LogConfig,
+    file: &mut File,
+    seg_start: &mut u64,
+    from: u64,
+    to: u64,
+) -> Result<()> {
+    let io = |source| Error::Io {
+        path: segment::path(&cfg.dir, *seg_start),
+        source,
+    };
+    // The emulated device latency comes first: until it has passed, nothing of this flush is
+    // in the file, as with a real slow device (a crash during it loses the whole group).
+    if !cfg.extra_latency.is_zero() {
+        std::thread::sleep(cfg.extra_latency);
+    }
+    let cap = sh.cap as u64;
+    let mut at = from;
+    while at < to {
+        let pos = (at % cap) as usize;
+        let n = ((to - at) as usize).min(sh.cap - pos);
+        // SAFETY: `[from, to)` lies below `released`, so every inserter of those bytes has
+        // finished copying (acquire load of `released` above), and no inserter can reuse
+        // these positions before `durable` passes them, which happens only after this write.
+        let chunk = unsafe { &(&(*sh.ring.data.get()))[pos..pos + n] };
+        file.write_all(chunk).map_err(io)?;
+        at += n as u64;
+    }
+    file.sync_data().map_err(io)?;
+    // Rotate at a record boundary (`to` always is one) once the segment is big enough.
+    if to - *seg_start >= cfg.segment_size {
+        *file = segment::create(&cfg.dir, to)?;
+        *seg_start = to;
+    }
+    Ok(())
+}

@@ -1,0 +1,773 @@
+//! A concurrent B+-tree with fence keys and ghost records.
+//!
+//! Technique: a B+-tree with one reader-writer latch per node and latch coupling (Bayer and
+//! Schkolnick): a thread holds a node's latch until it has latched the child it moves to, so
+//! there is no global latch on any path (Shore-MT's first principle). Writers first descend
+//! optimistically (read latches on inner nodes, a write latch on the leaf only) and restart
+//! with write-latch coupling and preemptive top-down splits only when the leaf is full and the
+//! operation may insert. The root node is never replaced: a root split moves its contents
+//! into two new children, so no separate root-pointer latch exists.
+//!
+//! Fence keys (Kimura et al. 2012 §2.2, after Graefe): every node stores a low fence
+//! (inclusive, `None` = -infinity) and a high fence (exclusive, `None` = +infinity), copies of
+//! the separators around it in its parent. They replace sibling pointers: a range scan goes on
+//! from a leaf's high fence with a new descent, and the predecessor of the first key of a
+//! leaf is found by searching below its low fence. [`BTree::check_invariants`] uses them to
+//! verify the whole structure.
+//!
+//! Ghost records are ordinary records with the ghost bit set; the transaction layer owns the
+//! bit and removes ghosts when no transaction can need them.
+//!
+//! Deviations: no node merges (removing records can leave leaves underfull or empty; lookups
+//! and scans handle empty leaves); reader-writer latches rather than optimistic lock coupling,
+//! whose version validation would also remove the shared-latch cache-line traffic on the upper
+//! levels — future work.
+
+use std::cmp::Ordering;
+use std::ops::Bound;
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+
+/// One record: the value bytes, the ghost bit and the TID word. A ghost is a logically deleted
+/// record whose key still takes part in key-range locking (2PL) or carries the TID of the
+/// delete (optimistic concurrency control).
+///
+/// ```
+/// use shoal::storage::btree::Record;
+/// let r = Record { value: b"v".to_vec(), ghost: false, tid: 0 };
+/// assert!(!r.ghost);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct Record {
+    /// The value bytes.
+    pub value: Vec<u8>,
+    /// Logically deleted.
+    pub ghost: bool,
+    /// The TID word of optimistic concurrency control (Silo): the commit TID of the last
+    /// transaction that wrote the record, with the top bit as the lock bit held by a committing
+    /// writer. Read and written only under the leaf latch. Always 0 under two-phase locking.
+    pub tid: u64,
+}
+
+type Key = Box<[u8]>;
+type NodeRef = Arc<RwLock<Node>>;
+
+struct Leaf {
+    low: Option<Key>,
+    high: Option<Key>,
+    keys: Vec<Key>,
+    recs: Vec<Record>,
+}
+
+struct Inner {
+    low: Option<Key>,
+    high: Option<Key>,
+    /// `seps[i]` separates `children[i]` (keys below) from `children[i + 1]`.
+    seps: Vec<Key>,
+    children: Vec<NodeRef>,
+}
+
+enum Node {
+    Leaf(Leaf),
+    Inner(Inner),
+}
+
+impl Inner {
+    fn child_index(&self, key: &[u8]) -> usize {
+        self.seps.partition_point(|s| &s[..] <= key)
+    }
+}
+
+/// A concurrent ordered index from byte keys to [`Record`]s.
+///
+/// ```
+/// use shoal::storage::btree::{BTree, Record};
+/// use std::ops::Bound;
+/// let t = BTree::new();
+/// for k in [b"b", b"a", b"c"] {
+///     t.update(k, |slot| *slot = Some(Record { value: k.to_vec(), ghost: false, tid: 0 }));
+/// }
+/// assert_eq!(t.get(b"b", |r| r.map(|r| r.value.clone())), Some(b"b".to_vec()));
+/// assert_eq!(t.predecessor(b"b"), Some(b"a".to_vec()));
+/// let all = t.range(Bound::Unbounded, Bound::Excluded(b"c"), 10);
+/// assert_eq!(all.len(), 2);
+/// ```
+pub struct BTree {
+    root: NodeRef,
+    leaf_cap: usize,
+    inner_cap: usize,
+}
+
+impl Default for BTree {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn new_leaf(low: Option<Key>, high: Option<Key>) -> Node {
+    Node::Leaf(Leaf {
+        low,
+        high,
+        keys: Vec::new(),
+        recs: Vec::new(),
+    })
+}
+
+impl BTree {
+    /// An empty tree with the default node sizes (64 records per leaf, 64 separators per inner
+    /// node).
+    pub fn new() -> Self {
+        Self::with_capacity(64, 64)
+    }
+
+    /// An empty tree with the given node sizes, at least 3 each (tests use tiny nodes to force
+    /// splits).
+    ///
+    /// ```
+    /// let t = shoal::storage::btree::BTree::with_capacity(3, 3);
+    /// assert!(t.is_empty());
+    /// ```
+    pub fn with_capacity(leaf_cap: usize, inner_cap: usize) -> Self {
+        BTree {
+            root: Arc::new(RwLock::new(new_leaf(None, None))),
+            leaf_cap: leaf_cap.max(3),
+            inner_cap: inner_cap.max(3),
+        }
+    }
+
+    /// Calls `f` with the record at `key` (ghosts included) under the leaf's read latch.
+    ///
+    /// ```
+    /// let t = shoal::storage::btree::BTree::new();
+    /// assert!(t.get(b"k", |r| r.is_none()));
+    /// ```
+    pub fn get<R>(&self, key: &[u8], f: impl FnOnce(Option<&Record>) -> R) -> R {
+        let mut g = self.root.read_arc();
+        loop {
+            let child = match &*g {
+                Node::Leaf(l) => {
+                    return match l.keys.binary_search_by(|k| k[..].cmp(key)) {
+                        Ok(i) => f(Some(&l.recs[i])),
+                        Err(_) => f(None),
+                    }
+                }
+                Node::Inner(n) => Arc::clone(&n.children[n.child_index(key)]),
+            };
+            g = child.read_arc();
+        }
+    }
+
+    /// Calls `f` with the slot of `key` under the leaf's write latch: `None` if absent.
+    /// Setting the slot to `Some` inserts, to `None` removes; `f` runs exactly once.
+    ///
+    /// ```
+    /// use shoal::storage::btree::{BTree, Record};
+    /// let t = BTree::new();
+    /// t.update(b"k", |s| *s = Some(Record::default()));
+    /// t.update(b"k", |s| s.as_mut().unwrap().ghost = true);
+    /// assert!(t.get(b"k", |r| r.unwrap().ghost));
+    /// t.update(b"k", |s| *s = None);
+    /// assert!(t.is_empty());
+    /// ```
+    pub fn update<R>(&self, key: &[u8], f: impl FnOnce(&mut Option<Record>) -> R) -> R {
+        match self.update_optimistic(key, f) {
+            Ok(r) => r,
+            Err(f) => self.update_pessimistic(key, f),
+        }
+    }
+
+    fn apply<R>(&self, l: &mut Leaf, key: &[u8], f: impl FnOnce(&mut Option<Record>) -> R) -> R {
+        match l.keys.binary_search_by(|k| k[..].cmp(key)) {
+            Ok(i) => {
+                let mut slot = Some(std::mem::take(&mut l.recs[i]));
+                let r = f(&mut slot);
+                match slot {
+                    Some(rec) => l.recs[i] = rec,
+                    None => {
+                        l.keys.remove(i);
+                        l.recs.remove(i);
+                    }
+                }
+                r
+            }
+            Err(i) => {
+                let mut slot = None;
+                let r = f(&mut slot);
+                if let Some(rec) = slot {
+                    l.keys.insert(i, key.into());
+                    l.recs.insert(i, rec);
+                }
+                r
+            }
+        }
+    }
+
+    /// Read latches down to the leaf's parent, a write latch on the leaf. Gives `f` back when
+    /// the leaf is full and `key` absent (an insert could need a split).
+    fn update_optimistic<R, F>(&self, key: &[u8], f: F) -> Result<R, F>
+    where
+        F: FnOnce(&mut Option<Record>) -> R,
+    {
+        // The root may itself be the leaf.
+        {
+            let g = self.root.read_arc();
+            if matches!(&*g, Node::Leaf(_)) {
+                drop(g);
+                let mut w = self.root.write();
+                if let Node::Leaf(l) = &mut *w {
+                    if l.keys.len() >= self.leaf_cap
+                        && l.keys.binary_search_by(|k| k[..].cmp(key)).is_err()
+                    {
+                        return Err(f);
+                    }
+                    return Ok(self.apply(l, key, f));
+                }
+                // It split between the two latches: descend normally.
+            }
+        }
+        let mut g = self.root.read_arc();
+        loop {
+            let (child, child_is_leaf) = match &*g {
+                Node::Leaf(_) => unreachable_leaf(),
+                Node::Inner(n) => {
+                    let c = Arc::clone(&n.children[n.child_index(key)]);
+                    let is_leaf = matches!(&*c.read(), Node::Leaf(_));
+                    (c, is_leaf)
+                }
+            };
+            if child_is_leaf {
+                // Leaves never turn into inner nodes (only the root changes kind), so the
+                // child is still a leaf; the parent's read latch keeps it from splitting
+                // until we hold its write latch.
+                let mut w = child.write_arc();
+                drop(g);
+                let Node::Leaf(l) = &mut *w else {
+                    unreachable_leaf()
+                };
+                if l.keys.len() >= self.leaf_cap
+                    && l.keys.binary_search_by(|k| k[..].cmp(key)).is_err()
+                {
+                    return Err(f);
+                }
+                return Ok(self.apply(l, key, f));
+            }
+            g = child.read_arc();
+        }
+    }
+
+    /// Write-latch coupling with preemptive splits: every node entered has room for one more
+    /// entry, so at most a parent and a child are latched at a time.
+    fn update_pessimistic<R>(&self, key: &[u8], f: impl FnOnce(&mut Option<Record>) -> R) -> R {
+        let mut g = self.root.write_arc();
+        if self.is_full(&g) {
+            self.split_root(&mut g);
+        }
+        loop {
+            let child = match &mut *g {
+                Node::Leaf(l) => return self.apply(l, key, f),
+                Node::Inner(n) => {
+                    let i = n.child_index(key);
+                    let child = Arc::clone(&n.children[i]);
+                    let mut cg = child.write_arc();
+                    if self.is_full(&cg) {
+                        let (sep, right) = self.split(&mut cg);
+                        n.seps.insert(i, sep);
+                        n.children.insert(i + 1, right);
+                        // Re-pick between the two halves.
+                        let j = n.child_index(key);
+                        if j != i {
+                            drop(cg);
+                            let c = Arc::clone(&n.children[j]);
+                            c.write_arc()
+                        } else {
+                            cg
+                        }
+                    } else {
+                        cg
+                    }
+                }
+            };
+            g = child;
+        }
+    }
+
+    fn is_full(&self, n: &Node) -> bool {
+        match n {
+            Node::Leaf(l) => l.keys.len() >= self.leaf_cap,
+            Node::Inner(n) => n.seps.len() >= self.inner_cap,
+        }
+    }
+
+    /// Splits a full node in place (it keeps the lower half); returns the separator and the
+    /// new right sibling.
+    fn split(&self, node: &mut Node) -> (Key, NodeRef) {
+        match node {
+            Node::Leaf(l) => {
+                let mid = l.keys.len() / 2;
+                let keys = l.keys.split_off(mid);
+                let recs = l.recs.split_off(mid);
+                let sep = keys[0].clone();
+                let right = Leaf {
+                    low: Some(sep.clone()),
+                    high: l.high.take(),
+                    keys,
+                    recs,
+                };
+                l.high = Some(sep.clone());
+                (sep, Arc::new(RwLock::new(Node::Leaf(right))))
+            }
+            Node::Inner(n) => {
+                let mid = n.seps.len() / 2;
+                let mut seps = n.seps.split_off(mid);
+                let up = seps.remove(0);
+                let children = n.children.split_off(mid + 1);
+                let right = Inner {
+                    low: Some(up.clone()),
+                    high: n.high.take(),
+                    seps,
+                    children,
+                };
+                n.high = Some(up.clone());
+                (up, Arc::new(RwLock::new(Node::Inner(right))))
+            }
+        }
+    }
+
+    /// Moves the full root's contents into two new children.
+    fn split_root(&self, root: &mut Node) {
+        let mut left = std::mem::replace(root, new_leaf(None, None));
+        let (sep, right) = self.split(&mut left);
+        *root = Node::Inner(Inner {
+            low: None,
+            high: None,
+            seps: vec![sep],
+            children: vec![Arc::new(RwLock::new(left)), right],
+        });
+    }
+
+    /// The greatest key strictly below `key`, ghosts included.
+    ///
+    /// ```
+    /// use shoal::storage::btree::{BTree, Record};
+    /// let t = BTree::new();
+    /// t.update(b"m", |s| *s = Some(Record::default()));
+    /// assert_eq!(t.predecessor(b"z"), Some(b"m".to_vec()));
+    /// assert_eq!(t.predecessor(b"m"), None);
+    /// ```
+    pub fn predecessor(&self, key: &[u8]) -> Option<Vec<u8>> {
+        let mut target: Vec<u8> = key.to_vec();
+        loop {
+            // Descend to the leaf that holds `target`'s position.
+            let mut g = self.root.read_arc();
+            let next_target = loop {
+                let child = match &*g {
+                    Node::Leaf(l) => {
+                        let p = l.keys.partition_point(|k| k[..] < target[..]);
+                        if p > 0 {
+                            return Some(l.keys[p - 1].to_vec());
+                        }
+                        // Nothing below `target` here: look below the low fence.
+                        match &l.low {
+                            None => return None,
+                            Some(low) => break low.to_vec(),
+                        }
+                    }
+                    // The child whose keys end just below `target` (a separator equal to
+                    // `target` sends us left).
+                    Node::Inner(n) => {
+                        Arc::clone(&n.children[n.seps.partition_point(|s| s[..] < target[..])])
+                    }
+                };
+                g = child.read_arc();
+            };
+            target = next_target;
+        }
+    }
+
+    /// Up to `limit` entries with keys within (`lo`, `hi`), ascending, ghosts included.
+    /// Atomic per leaf, not across leaves.
+    ///
+    /// ```
+    /// use shoal::storage::btree::{BTree, Record};
+    /// use std::ops::Bound::*;
+    /// let t = BTree::with_capacity(3, 3);
+    /// for i in 0u8..20 {
+    ///     t.update(&[i], |s| *s = Some(Record::default()));
+    /// }
+    /// let got = t.range(Excluded(&[3u8][..]), Included(&[9u8][..]), 100);
+    /// assert_eq!(got.len(), 6);
+    /// assert_eq!(t.range(Unbounded, Unbounded, 5).len(), 5);
+    /// ```
+    pub fn range(
+        &self,
+        lo: Bound<&[u8]>,
+        hi: Bound<&[u8]>,
+        limit: usize,
+    ) -> Vec<(Vec<u8>, Record)> {
+        let mut out = Vec::new();
+        let mut from: Bound<Vec<u8>> = lo.map(<[u8]>::to_vec);
+        let below_hi = |k: &[u8]| match hi {
+            Bound::Unbounded => true,
+            Bound::Included(h) => k <= h,
+            Bound::Excluded(h) => k < h,
+        };
+        while out.len() < limit {
+            let mut g = self.root.read_arc();
+            let next = loop {
+                let child = match &*g {
+                    Node::Leaf(l) => {
+                        let start = match &from {
+                            Bound::Unbounded => 0,
+                            Bound::Included(k) => l.keys.partition_point(|x| x[..] < k[..]),
+                            Bound::Excluded(k) => l.keys.partition_point(|x| x[..] <= k[..]),
+                        };
+                        for i in start..l.keys.len() {
+                            if out.len() >= limit {
+                                return out;
+                            }
+                            if !below_hi(&l.keys[i]) {
+                                return out;
+                            }
+                            out.push((l.keys[i].to_vec(), l.recs[i].clone()));
+                        }
+                        match &l.high {
+                            None => return out,
+                            Some(h) if !below_hi(h) => return out,
+                            Some(h) => break h.to_vec(),
+                        }
+                    }
+                    Node::Inner(n) => {
+                        let i = match &from {
+                            Bound::Unbounded => 0,
+                            Bound::Included(k) | Bound::Excluded(k) => n.child_index(k),
+                        };
+                        Arc::clone(&n.children[i])
+                    }
+                };
+                g = child.read_arc();
+            };
+            from = Bound::Included(next);
+        }
+        out
+    }
+
+    /// Number of entries, ghosts included (walks the whole tree).
+    ///
+    /// ```
+    /// assert_eq!(shoal::storage::btree::BTree::new().len(), 0);
+    /// ```
+    pub fn len(&self) -> usize {
+        fn walk(n: &NodeRef) -> usize {
+            match &*n.read() {
+                Node::Leaf(l) => l.keys.len(),
+                Node::Inner(i) => i.children.iter().map(walk).sum(),
+            }
+        }
+        walk(&self.root)
+    }
+
+    /// True when the tree holds no entries.
+    ///
+    /// ```
+    /// assert!(shoal::storage::btree::BTree::new().is_empty());
+    /// ```
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Checks ordering, fence keys and separators and that all leaves have the same depth;
+    /// describes the first violation. Takes read latches, so it may run concurrently.
+    ///
+    /// ```
+    /// assert!(shoal::storage::btree::BTree::new().check_invariants().is_ok());
+    /// ```
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let root = self.root.read();
+        let (low, high) = match &*root {
+            Node::Leaf(l) => (&l.low, &l.high),
+            Node::Inner(n) => (&n.low, &n.high),
+        };
+        if low.is_some() || high.is_some() {
+            return Err("the root's fences must be -inf and +inf".into());
+        }
+        drop(root);
+        let mut leaf_depth = None;
+        self.check_node(&self.root, None, None, 0, &mut leaf_depth)
+    }
+
+    fn check_node(
+        &self,
+        n: &NodeRef,
+        low: Option<&[u8]>,
+        high: Option<&[u8]>,
+        depth: usize,
+        leaf_depth: &mut Option<usize>,
+    ) -> Result<(), String> {
+        let g = n.read();
+        let (nl, nh) = match &*g {
+            Node::Leaf(l) => (&l.low, &l.high),
+            Node::Inner(i) => (&i.low, &i.high),
+        };
+        if nl.as_deref() != low || nh.as_deref() != high {
+            return Err(format!(
+                "fences {nl:?}..{nh:?} differ from the parent's separators {low:?}..{high:?}"
+            ));
+        }
+        let within = |k: &[u8]| low.is_none_or(|l| k >= l) && high.is_none_or(|h| k < h);
+        match &*g {
+            Node::Leaf(l) => {
+                if l.keys.len() != l.recs.len() {
+                    return Err("keys and records differ in number".into());
+                }
+                if l.keys.len() > self.leaf_cap {
+                    return Err("overfull leaf".into());
+                }
+                if l.keys.windows(2).any(|w| w[0] >= w[1]) {
+                    return Err("leaf keys out of order".into());
+                }
+                if let Some(k) = l.keys.iter().find(|k| !within(k)) {
+                    return Err(format!("key {k:?} outside its leaf's fences"));
+                }
+                match leaf_depth {
+                    None => *leaf_depth = Some(depth),
+                    Some(d) if *d != depth => return Err("leaves at different depths".into()),
+                    _ => {}
+                }
+                Ok(())
+            }
+            Node::Inner(i) => {
+                if i.children.len() != i.seps.len() + 1 {
+                    return Err("inner node: children != separators + 1".into());
+                }
+                if i.seps.windows(2).any(|w| w[0] >= w[1]) {
+                    return Err("separators out of order".into());
+                }
+                if let Some(k) = i.seps.iter().find(|k| !within(k)) {
+                    return Err(format!("separator {k:?} outside its node's fences"));
+                }
+                for (c, child) in i.children.iter().enumerate() {
+                    let cl = if c == 0 {
+                        low
+                    } else {
+                        Some(&i.seps[c - 1][..])
+                    };
+                    let ch = if c == i.seps.len() {
+                        high
+                    } else {
+                        Some(&i.seps[c][..])
+                    };
+                    self.check_node(child, cl, ch, depth + 1, leaf_depth)?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+fn unreachable_leaf() -> ! {
+    unreachable!("a node that was a leaf turned into an inner node; only the root does that")
+}
+
+#[allow(dead_code)]
+fn cmp(a: &[u8], b: &[u8]) -> Ordering {
+    a.cmp(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::BTreeMap;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Put(Vec<u8>, u8),
+        Ghost(Vec<u8>),
+        Remove(Vec<u8>),
+        Get(Vec<u8>),
+        Pred(Vec<u8>),
+        Range(Bound<Vec<u8>>, Bound<Vec<u8>>, usize),
+    }
+
+    fn key() -> impl Strategy<Value = Vec<u8>> {
+        proptest::collection::vec(0u8..6, 1..4)
+    }
+
+    fn bound() -> impl Strategy<Value = Bound<Vec<u8>>> {
+        prop_oneof![
+            key().prop_map(Bound::Included),
+            key().prop_map(Bound::Excluded),
+            Just(Bound::Unbounded),
+        ]
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            4 => (key(), any::<u8>()).prop_map(|(k, v)| Op::Put(k, v)),
+            1 => key().prop_map(Op::Ghost),
+            2 => key().prop_map(Op::Remove),
+            1 => key().prop_map(Op::Get),
+            1 => key().prop_map(Op::Pred),
+            1 => (bound(), bound(), 0usize..40).prop_map(|(a, b, n)| Op::Range(a, b, n)),
+        ]
+    }
+
+    fn as_ref(b: &Bound<Vec<u8>>) -> Bound<&[u8]> {
+        match b {
+            Bound::Included(k) => Bound::Included(k),
+            Bound::Excluded(k) => Bound::Excluded(k),
+            Bound::Unbounded => Bound::Unbounded,
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+        #[test]
+        fn matches_a_btreemap_model(ops in proptest::collection::vec(op(), 1..300), cap in 3usize..6) {
+            let t = BTree::with_capacity(cap, cap);
+            let mut m: BTreeMap<Vec<u8>, Record> = BTreeMap::new();
+            for o in ops {
+                match o {
+                    Op::Put(k, v) => {
+                        let rec = Record { value: vec![v], ghost: false, tid: 0 };
+                        t.update(&k, |s| *s = Some(rec.clone()));
+                        m.insert(k, rec);
+                    }
+                    Op::Ghost(k) => {
+                        t.update(&k, |s| if let Some(r) = s { r.ghost = true });
+                        if let Some(r) = m.get_mut(&k) { r.ghost = true; }
+                    }
+                    Op::Remove(k) => {
+                        t.update(&k, |s| *s = None);
+                        m.remove(&k);
+                    }
+                    Op::Get(k) => {
+                        prop_assert_eq!(t.get(&k, |r| r.cloned()), m.get(&k).cloned());
+                    }
+                    Op::Pred(k) => {
+                        let want = m.range(..k.clone()).next_back().map(|(k, _)| k.clone());
+                        prop_assert_eq!(t.predecessor(&k), want);
+                    }
+                    Op::Range(a, b, n) => {
+                        let valid = match (&a, &b) {
+                            (Bound::Included(x) | Bound::Excluded(x), Bound::Included(y) | Bound::Excluded(y)) => {
+                                x < y || (x == y && matches!((&a, &b), (Bound::Included(_), Bound::Included(_))))
+                            }
+                            _ => true,
+                        };
+                        let got = t.range(as_ref(&a), as_ref(&b), n);
+                        let want: Vec<(Vec<u8>, Record)> = if valid {
+                            m.range((a.clone(), b.clone())).take(n).map(|(k, v)| (k.clone(), v.clone())).collect()
+                        } else {
+                            Vec::new()
+                        };
+                        prop_assert_eq!(got, want);
+                    }
+                }
+            }
+            prop_assert_eq!(t.check_invariants(), Ok(()));
+            prop_assert_eq!(t.len(), m.len());
+            let all = t.range(Bound::Unbounded, Bound::Unbounded, usize::MAX);
+            prop_assert_eq!(all, m.into_iter().collect::<Vec<_>>());
+        }
+    }
+
+    #[test]
+    fn concurrent_disjoint_writers_with_readers_and_scans() {
+        let t = BTree::with_capacity(4, 4);
+        let threads = 8u32;
+        std::thread::scope(|s| {
+            for id in 0..threads {
+                let t = &t;
+                s.spawn(move || {
+                    let mut model = BTreeMap::new();
+                    let mut x = 0x9E37_79B9u32.wrapping_mul(id + 1) | 1;
+                    for _ in 0..4000 {
+                        x ^= x << 13;
+                        x ^= x >> 17;
+                        x ^= x << 5;
+                        // Keys interleave between threads: k * threads + id.
+                        let k = ((x % 300) * threads + id).to_be_bytes();
+                        match x % 5 {
+                            0 => {
+                                t.update(&k, |s| *s = None);
+                                model.remove(&k);
+                            }
+                            1 => {
+                                let lo = ((x >> 8) % 2400).to_be_bytes();
+                                let got = t.range(Bound::Included(&lo[..]), Bound::Unbounded, 50);
+                                assert!(
+                                    got.windows(2).all(|w| w[0].0 < w[1].0),
+                                    "scan out of order"
+                                );
+                                assert!(
+                                    got.iter().all(|(k, _)| k[..] >= lo[..]),
+                                    "scan below bound"
+                                );
+                            }
+                            2 => {
+                                let other = (x.rotate_left(7) % 2400).to_be_bytes();
+                                let p = t.predecessor(&other);
+                                assert!(p.is_none_or(|p| p[..] < other[..]));
+                            }
+                            _ => {
+                                let v = x.to_le_bytes().to_vec();
+                                t.update(&k, |s| {
+                                    *s = Some(Record {
+                                        value: v.clone(),
+                                        ghost: false,
+                                        tid: 0,
+                                    })
+                                });
+                                model.insert(k, v);
+                            }
+                        }
+                    }
+                    for (k, v) in &model {
+                        assert_eq!(t.get(k, |r| r.map(|r| r.value.clone())).as_ref(), Some(v));
+                    }
+                    // Keys this thread removed last are absent.
+                    for i in 0..300u32 {
+                        let k = (i * threads + id).to_be_bytes();
+                        if !model.contains_key(&k) {
+                            assert!(t.get(&k, |r| r.is_none()));
+                        }
+                    }
+                });
+            }
+        });
+        assert_eq!(t.check_invariants(), Ok(()));
+    }
+
+    #[test]
+    fn concurrent_counters_on_shared_keys_are_exact() {
+        let t = BTree::with_capacity(3, 3);
+        std::thread::scope(|s| {
+            for id in 0..8u64 {
+                let t = &t;
+                s.spawn(move || {
+                    for i in 0..2000u64 {
+                        let k = ((i * 7 + id) % 97).to_be_bytes();
+                        t.update(&k, |s| {
+                            let r = s.get_or_insert_with(|| Record {
+                                value: 0u64.to_le_bytes().to_vec(),
+                                ghost: false,
+                                tid: 0,
+                            });
+                            let n = u64::from_le_bytes(r.value[..8].try_into().unwrap()) + 1;
+                            r.value = n.to_le_bytes().to_vec();
+                        });
+                    }
+                });
+            }
+        });
+        let total: u64 = t
+            .range(Bound::Unbounded, Bound::Unbounded, usize::MAX)
+            .iter()
+            .map(|(_, r)| u64::from_le_bytes(r.value[..8].try_into().unwrap()))
+            .sum();
+        assert_eq!(total, 8 * 2000);
+        assert_eq!(t.check_invariants(), Ok(()));
+    }
+}

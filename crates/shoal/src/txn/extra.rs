@@ -1,0 +1,159 @@
+//! Table-level locks and read-modify-write of whole values.
+//!
+//! [`Transaction::lock_table`] and [`Transaction::lock_database`] take a coarse lock on a table
+//! or on the whole database and nothing else, through the same path as the intent locks that
+//! every operation takes (lightweight intent locks or the lock table, per
+//! [`Options::intent_locks`](crate::Options)). They serve scans and bulk changes that want one
+//! absolute lock instead of many key locks, and benchmarks of the intent-lock machinery itself
+//! (Kimura et al. 2012, Fig. 4). [`Transaction::update`] rewrites a value from its current
+//! contents under one exclusive key lock (no shared-to-exclusive conversion).
+
+use super::{Transaction, WriteKind};
+use crate::db::Table;
+use crate::error::{Error, Result};
+use crate::lock::{LockId, LockMode};
+
+/// The database intent that must accompany `mode` on a table (Table 4: IS under IS and S, IX
+/// under IX, SIX and X).
+fn parent_intent(mode: LockMode) -> LockMode {
+    match mode {
+        LockMode::IS | LockMode::S => LockMode::IS,
+        _ => LockMode::IX,
+    }
+}
+
+fn check_coarse(mode: LockMode) -> Result<()> {
+    match mode {
+        LockMode::IS | LockMode::IX | LockMode::S | LockMode::X => Ok(()),
+        LockMode::SIX => Ok(()),
+        m => Err(Error::Unsupported(format!(
+            "{m:?} is a key-range mode; tables and the database take IS, IX, S, SIX or X"
+        ))),
+    }
+}
+
+impl Transaction<'_> {
+    /// Takes `mode` (IS, IX, S, SIX or X) on `table` until the transaction ends, with the
+    /// matching intent lock on the database (IS for IS and S, IX otherwise), and no key lock.
+    /// An absolute lock (S, SIX or X) waits for transactions holding conflicting intent locks
+    /// (that is, for writers or readers of the table) and blocks later ones. Under optimistic
+    /// or serial concurrency control it does nothing.
+    ///
+    /// ```
+    /// # fn main() -> shoal::Result<()> {
+    /// use shoal::lock::LockMode;
+    /// let db = shoal::Database::in_memory();
+    /// let t = db.create_table("t")?;
+    /// let mut a = db.begin();
+    /// a.lock_table(&t, LockMode::IX)?;
+    /// let mut b = db.begin();
+    /// b.lock_table(&t, LockMode::IS)?; // intents are compatible
+    /// b.commit()?;
+    /// a.commit()?;
+    /// db.run(|tx| tx.lock_table(&t, LockMode::X))?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn lock_table(&mut self, table: &Table, mode: LockMode) -> Result<()> {
+        self.active()?;
+        check_coarse(mode)?;
+        let slot = self.table_slot(table)?;
+        if !self.locking {
+            return Ok(());
+        }
+        let tid = self.tables[slot as usize].inner.id;
+        self.coarse_lock(&[
+            (0, LockId::Database, parent_intent(mode)),
+            (tid, LockId::Table(tid), mode),
+        ])
+    }
+
+    /// Takes `mode` (IS, IX, S, SIX or X) on the whole database until the transaction ends.
+    /// Under optimistic or serial concurrency control it does nothing.
+    ///
+    /// ```
+    /// # fn main() -> shoal::Result<()> {
+    /// use shoal::lock::LockMode;
+    /// let db = shoal::Database::in_memory();
+    /// let t = db.create_table("t")?;
+    /// db.run(|tx| {
+    ///     tx.lock_database(LockMode::X)?; // no one else runs until this commits
+    ///     tx.put(&t, "k", "v")
+    /// })?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn lock_database(&mut self, mode: LockMode) -> Result<()> {
+        self.active()?;
+        check_coarse(mode)?;
+        if !self.locking {
+            return Ok(());
+        }
+        self.coarse_lock(&[(0, LockId::Database, mode)])
+    }
+
+    /// Takes each `(lightweight-intent object, lock name, mode)` in order, through the
+    /// lightweight intent lock table when it is on, else through the lock table.
+    fn coarse_lock(&mut self, locks: &[(u32, LockId, LockMode)]) -> Result<()> {
+        if let Some(lil) = &self.db.inner.lil {
+            for (obj, id, mode) in locks {
+                if let Err(f) = lil.lock(&mut self.intents, *obj, *mode) {
+                    let e = self.lock_error(id, f);
+                    self.fail(&e);
+                    return Err(e);
+                }
+            }
+            return Ok(());
+        }
+        for (_, id, mode) in locks {
+            self.lock(id.clone(), *mode)?;
+        }
+        Ok(())
+    }
+
+    /// Replaces the value of `key` with `f(current value)` (`None` when the key is absent,
+    /// which `update` then creates), under one exclusive key lock held to commit; returns the
+    /// new value's length. Unlike [`get`](Self::get) followed by [`put`](Self::put) it never
+    /// converts a shared lock to an exclusive one, so two concurrent read-modify-writes of one
+    /// key queue instead of deadlocking.
+    ///
+    /// ```
+    /// # fn main() -> shoal::Result<()> {
+    /// let db = shoal::Database::in_memory();
+    /// let t = db.create_table("t")?;
+    /// db.run(|tx| tx.put(&t, "k", "ab"))?;
+    /// db.run(|tx| tx.update(&t, "k", |cur| [cur.unwrap_or_default(), b"c"].concat()))?;
+    /// assert_eq!(db.run(|tx| tx.get(&t, "k"))?, Some(b"abc".to_vec()));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn update(
+        &mut self,
+        table: &Table,
+        key: impl AsRef<[u8]>,
+        mut f: impl FnMut(Option<&[u8]>) -> Vec<u8>,
+    ) -> Result<usize> {
+        let key = key.as_ref();
+        self.active()?;
+        self.check_key(key)?;
+        let slot = self.table_slot(table)?;
+        let max = self.db.inner.opts.max_value_len;
+        if self.occ.is_some() {
+            let cur = self.occ_read(slot, key)?;
+            let v = f(cur.as_deref());
+            self.check_value(&v)?;
+            self.occ_write(slot, key, &v, WriteKind::Put)?;
+            return Ok(v.len());
+        }
+        self.intent(slot, true)?;
+        self.lock(self.key_id(slot, key), LockMode::XN)?;
+        self.modify(slot, key, |cur| {
+            let v = f(cur);
+            if v.len() > max {
+                return Err(Error::ValueTooLarge { len: v.len(), max });
+            }
+            Ok(v)
+        })
+        .map(|v| v.len())
+    }
+}

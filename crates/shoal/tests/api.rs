@@ -1,0 +1,268 @@
+//! Behaviour of the public API on one thread (and two for the doomed-transaction case): input
+//! validation, read-your-writes, rollback, ghosts, integer operations and scan bounds.
+
+use std::ops::{Bound, RangeBounds};
+use std::time::Duration;
+
+use shoal::{ConcurrencyControl, Database, Error, Options};
+
+fn dbs() -> Vec<Database> {
+    vec![
+        Database::in_memory(),
+        Database::in_memory_with(Options {
+            cc: ConcurrencyControl::Serial,
+            ..Options::default()
+        }),
+        Database::in_memory_with(Options {
+            cc: ConcurrencyControl::Optimistic,
+            ..Options::default()
+        }),
+    ]
+}
+
+fn k(i: u32) -> [u8; 4] {
+    i.to_be_bytes()
+}
+
+#[test]
+fn bad_input_is_a_typed_error() {
+    for db in dbs() {
+        let t = db.create_table("t").expect("create");
+        let mut tx = db.begin();
+        assert!(matches!(tx.put(&t, b"", b"v"), Err(Error::EmptyKey)));
+        let long = vec![7u8; db.options().max_key_len + 1];
+        assert!(matches!(tx.get(&t, &long), Err(Error::KeyTooLarge { .. })));
+        let big = vec![0u8; db.options().max_value_len + 1];
+        assert!(matches!(
+            tx.put(&t, b"k", &big),
+            Err(Error::ValueTooLarge { .. })
+        ));
+        tx.put(&t, b"s", b"not a number").expect("put");
+        assert!(matches!(
+            tx.add(&t, b"s", 1),
+            Err(Error::NotAnInteger { len: 12, .. })
+        ));
+        tx.put(&t, b"m", i64::MAX.to_le_bytes()).expect("put");
+        assert!(matches!(tx.add(&t, b"m", 1), Err(Error::Overflow { .. })));
+        // Statement errors do not doom the transaction.
+        tx.put(&t, b"ok", b"1").expect("still usable");
+        tx.commit().expect("commit");
+        assert!(matches!(
+            db.create_table("t"),
+            Err(Error::TableExists { .. })
+        ));
+        assert!(matches!(
+            db.create_table("a\nb"),
+            Err(Error::InvalidTableName { .. })
+        ));
+        assert!(matches!(db.table("zz"), Err(Error::NoSuchTable { .. })));
+        let other = Database::in_memory();
+        let foreign = other.create_table("t").expect("create");
+        assert!(matches!(
+            db.run(|tx| tx.get(&foreign, b"k")),
+            Err(Error::ForeignTable { .. })
+        ));
+    }
+}
+
+#[test]
+fn read_own_writes_and_rollback() {
+    for db in dbs() {
+        let t = db.create_table("t").expect("create");
+        db.run(|tx| tx.put(&t, b"a", b"1")).expect("seed");
+        let mut tx = db.begin();
+        tx.put(&t, b"a", b"2").expect("put");
+        tx.insert(&t, b"b", b"3").expect("insert");
+        assert!(tx.delete(&t, b"a").expect("delete"));
+        assert_eq!(tx.get(&t, b"a").expect("get"), None);
+        assert_eq!(tx.get(&t, b"b").expect("get"), Some(b"3".to_vec()));
+        assert_eq!(tx.add(&t, b"n", 5).expect("add"), 5);
+        assert_eq!(tx.scan(&t, ..).expect("scan").len(), 2);
+        tx.abort();
+        let rows = db.run(|tx| tx.scan(&t, ..)).expect("scan");
+        assert_eq!(rows, vec![(b"a".to_vec(), b"1".to_vec())]);
+        // Dropping is aborting.
+        {
+            let mut tx = db.begin();
+            tx.put(&t, b"z", b"z").expect("put");
+        }
+        assert_eq!(db.run(|tx| tx.get(&t, b"z")).expect("get"), None);
+    }
+}
+
+#[test]
+fn insert_duplicate_and_reinsert_after_delete() {
+    for db in dbs() {
+        let t = db.create_table("t").expect("create");
+        db.run(|tx| tx.insert(&t, b"k", b"1")).expect("insert");
+        assert!(matches!(
+            db.run(|tx| tx.insert(&t, b"k", b"2")),
+            Err(Error::DuplicateKey { .. })
+        ));
+        db.run(|tx| tx.delete(&t, b"k")).expect("delete");
+        db.run(|tx| tx.insert(&t, b"k", b"3"))
+            .expect("insert over ghost");
+        assert_eq!(
+            db.run(|tx| tx.get(&t, b"k")).expect("get"),
+            Some(b"3".to_vec())
+        );
+        let mut tx = db.begin();
+        assert!(tx.delete(&t, b"k").expect("delete"));
+        tx.insert(&t, b"k", b"4")
+            .expect("insert in same txn after delete");
+        tx.commit().expect("commit");
+        assert_eq!(
+            db.run(|tx| tx.get(&t, b"k")).expect("get"),
+            Some(b"4".to_vec())
+        );
+    }
+}
+
+#[test]
+fn integer_ops() {
+    for db in dbs() {
+        let t = db.create_table("t").expect("create");
+        assert_eq!(db.run(|tx| tx.add(&t, b"c", 3)).expect("add"), 3);
+        assert_eq!(db.run(|tx| tx.add(&t, b"c", -10)).expect("add"), -7);
+        assert_eq!(db.run(|tx| tx.max(&t, b"c", -9)).expect("max"), -7);
+        assert_eq!(db.run(|tx| tx.max(&t, b"c", 4)).expect("max"), 4);
+        assert_eq!(db.run(|tx| tx.min(&t, b"c", 9)).expect("min"), 4);
+        assert_eq!(db.run(|tx| tx.min(&t, b"c", -1)).expect("min"), -1);
+        assert_eq!(db.run(|tx| tx.get_i64(&t, b"c")).expect("get"), Some(-1));
+        assert_eq!(db.run(|tx| tx.get_i64(&t, b"none")).expect("get"), None);
+    }
+}
+
+#[test]
+fn scan_bounds_match_a_model() {
+    for db in dbs() {
+        let t = db.create_table("t").expect("create");
+        // Keys 0, 2, 4, ..., 2000 with some deleted (ghosts) to exercise the ghost path.
+        db.run(|tx| {
+            for i in (0..=2000).step_by(2) {
+                tx.put(&t, k(i), k(i))?;
+            }
+            Ok(())
+        })
+        .expect("load");
+        db.run(|tx| {
+            for i in (0..=2000).step_by(6) {
+                tx.delete(&t, k(i))?;
+            }
+            Ok(())
+        })
+        .expect("delete");
+        let live: Vec<u32> = (0..=2000).step_by(2).filter(|i| i % 6 != 0).collect();
+        let bounds = |x: u32| {
+            [
+                Bound::Included(k(x).to_vec()),
+                Bound::Excluded(k(x).to_vec()),
+                Bound::Unbounded,
+            ]
+        };
+        for (a, b) in [
+            (0, 2000),
+            (5, 5),
+            (6, 600),
+            (7, 1999),
+            (300, 301),
+            (1998, 2001),
+        ] {
+            for lo in bounds(a) {
+                for hi in bounds(b) {
+                    let r = (lo.as_ref().map(|v| &v[..]), hi.as_ref().map(|v| &v[..]));
+                    let got: Vec<Vec<u8>> = db
+                        .run(|tx| tx.scan(&t, r))
+                        .expect("scan")
+                        .into_iter()
+                        .map(|(k, _)| k)
+                        .collect();
+                    let want: Vec<Vec<u8>> = live
+                        .iter()
+                        .map(|&i| k(i).to_vec())
+                        .filter(|x| (r.0, r.1).contains(&x[..]))
+                        .collect();
+                    assert_eq!(got, want, "range {r:?}");
+                    let mut rev: Vec<Vec<u8>> = db
+                        .run(|tx| tx.scan_rev(&t, r))
+                        .expect("scan")
+                        .into_iter()
+                        .map(|(k, _)| k)
+                        .collect();
+                    rev.reverse();
+                    assert_eq!(rev, want, "reverse range {r:?}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn ghosts_are_collected_when_unlocked() {
+    let db = Database::in_memory();
+    let t = db.create_table("t").expect("create");
+    db.run(|tx| {
+        for i in 0..100 {
+            tx.put(&t, k(i), b"v")?;
+        }
+        Ok(())
+    })
+    .expect("load");
+    db.run(|tx| {
+        for i in 0..100 {
+            tx.delete(&t, k(i))?;
+        }
+        Ok(())
+    })
+    .expect("delete");
+    // Nobody else held locks, so every ghost is gone from the index itself.
+    assert_eq!(db.run(|tx| tx.scan(&t, ..)).expect("scan").len(), 0);
+    assert_eq!(shoal_internal_len(&db, "t"), 0);
+}
+
+/// Entries in the index including ghosts, via a full scan of the tree.
+fn shoal_internal_len(db: &Database, name: &str) -> usize {
+    db.debug_index_len(name).expect("table")
+}
+
+#[test]
+fn a_deadlock_victim_is_doomed_and_releases_its_locks() {
+    let db = Database::in_memory_with(Options {
+        lock_timeout: Duration::from_secs(5),
+        ..Options::default()
+    });
+    let t = db.create_table("t").expect("create");
+    db.run(|tx| {
+        tx.put(&t, b"a", b"0")?;
+        tx.put(&t, b"b", b"0")
+    })
+    .expect("seed");
+    let barrier = std::sync::Barrier::new(2);
+    let results: Vec<(bool, bool)> = std::thread::scope(|s| {
+        let hs: Vec<_> = [(b"a", b"b"), (b"b", b"a")]
+            .into_iter()
+            .map(|(first, second)| {
+                let (db, t, barrier) = (&db, &t, &barrier);
+                s.spawn(move || {
+                    let mut tx = db.begin();
+                    tx.put(t, first, b"1").expect("first lock");
+                    barrier.wait();
+                    match tx.put(t, second, b"1") {
+                        Ok(()) => (tx.commit().is_ok(), false),
+                        Err(e) => {
+                            assert!(e.is_retryable(), "{e}");
+                            // Doomed: later operations say why.
+                            let again = tx.get(t, b"a");
+                            assert!(matches!(again, Err(Error::TransactionAborted { .. })));
+                            (false, true)
+                        }
+                    }
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("thread")).collect()
+    });
+    let committed = results.iter().filter(|r| r.0).count();
+    let victims = results.iter().filter(|r| r.1).count();
+    assert_eq!((committed, victims), (1, 1), "{results:?}");
+}

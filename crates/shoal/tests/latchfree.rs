@@ -1,0 +1,940 @@
+//! The latch-free lock table (Jung et al. 2013) against the behaviours of the simple sharded
+//! table: every scenario runs over both tables; then a 256-thread stress test, the bounded
+//! memory test, and engine runs (bank invariant) with `LockTableKind::LatchFree`.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier, Mutex as StdMutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use shoal::lock::latchfree::{LatchFreeLockTable, Params, ALLOC_BATCH, FREE_CAP};
+use shoal::lock::simple::SimpleLockTable;
+use shoal::lock::{DeadlockPolicy, LockFailure, LockId, LockMode, LockTable, TxnId};
+use shoal::{Database, LockTableKind, Options};
+
+use LockMode::*;
+
+const LONG: Duration = Duration::from_secs(10);
+
+/// What the scenarios need from a table beyond [`LockTable`].
+trait Table: LockTable + 'static {
+    fn make(policy: DeadlockPolicy) -> Self;
+    fn waiters(&self, id: &LockId) -> usize;
+    fn held_mode(&self, txn: TxnId, id: &LockId) -> LockMode;
+    fn queue_count(&self) -> usize;
+}
+
+impl Table for SimpleLockTable {
+    fn make(policy: DeadlockPolicy) -> Self {
+        SimpleLockTable::new(policy)
+    }
+    fn waiters(&self, id: &LockId) -> usize {
+        SimpleLockTable::waiters(self, id)
+    }
+    fn held_mode(&self, txn: TxnId, id: &LockId) -> LockMode {
+        SimpleLockTable::held_mode(self, txn, id)
+    }
+    fn queue_count(&self) -> usize {
+        SimpleLockTable::queue_count(self)
+    }
+}
+
+impl Table for LatchFreeLockTable {
+    fn make(policy: DeadlockPolicy) -> Self {
+        LatchFreeLockTable::new(policy)
+    }
+    fn waiters(&self, id: &LockId) -> usize {
+        LatchFreeLockTable::waiters(self, id)
+    }
+    fn held_mode(&self, txn: TxnId, id: &LockId) -> LockMode {
+        LatchFreeLockTable::held_mode(self, txn, id)
+    }
+    fn queue_count(&self) -> usize {
+        LatchFreeLockTable::queue_count(self)
+    }
+}
+
+/// Runs a scenario over both tables: `#[test] name::simple` and `name::latchfree`.
+macro_rules! both {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[test]
+            fn simple() {
+                super::$name::<shoal::lock::simple::SimpleLockTable>();
+            }
+            #[test]
+            fn latchfree() {
+                super::$name::<shoal::lock::latchfree::LatchFreeLockTable>();
+            }
+        }
+    )*};
+}
+
+both!(
+    uncontended_lock_convert_unlock,
+    fifo_order_of_x_waiters,
+    waiting_conversion_blocks_later_compatible_request,
+    conversion_granted_ahead_of_waiting_new_request,
+    timeout_withdraws_request_and_leaves_queue_clean,
+    timeout_of_first_waiter_grants_the_next,
+    try_lock_leaves_nothing_behind,
+    key_range_modes_on_one_key,
+    intent_locks_follow_table4,
+    deadlock_two_cycle,
+    deadlock_three_cycle,
+    deadlock_upgrade,
+    waiting_chain_is_not_a_deadlock,
+    timeout_policy_breaks_deadlock_by_timeout,
+    many_keys_queue_count,
+    tags_outlive_requests,
+);
+
+fn key(k: u8) -> LockId {
+    LockId::Key(1, vec![k].into_boxed_slice())
+}
+
+fn wait_until(what: &str, cond: impl Fn() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < LONG, "timed out waiting for {what}");
+        thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn table<T: Table>(policy: DeadlockPolicy) -> Arc<T> {
+    Arc::new(T::make(policy))
+}
+
+fn uncontended_lock_convert_unlock<T: Table>() {
+    let t = table::<T>(DeadlockPolicy::WaitForGraph);
+    let k = key(1);
+    assert_eq!(t.lock(1, &k, SN, LONG), Ok(SN));
+    assert_eq!(t.lock(1, &k, NS, LONG), Ok(S));
+    assert_eq!(t.lock(1, &k, SN, LONG), Ok(S), "covered: the held mode");
+    assert_eq!(t.lock(2, &k, NS, LONG), Ok(NS));
+    assert_eq!(t.try_lock(3, &k, XN), Err(LockFailure::WouldBlock));
+    assert_eq!(t.held_mode(1, &k), S);
+    assert_eq!(t.lock(4, &k, N, LONG), Ok(N));
+    assert_eq!(t.held_mode(4, &k), N);
+    t.unlock(1, &k);
+    t.unlock(1, &k); // not held: no-op
+    assert!(!t.is_free(&k));
+    t.unlock(2, &k);
+    assert!(t.is_free(&k));
+    assert_eq!(t.lock(5, &key(9), N, LONG), Ok(N));
+    assert!(t.is_free(&key(9)));
+    assert_eq!(t.queue_count(), 0);
+}
+
+fn fifo_order_of_x_waiters<T: Table>() {
+    let t = table::<T>(DeadlockPolicy::WaitForGraph);
+    let k = key(1);
+    t.lock(100, &k, X, LONG).unwrap();
+    let order = Arc::new(StdMutex::new(Vec::new()));
+    let mut handles = Vec::new();
+    for txn in 1..=5u64 {
+        let (t2, k2, order2) = (t.clone(), k.clone(), order.clone());
+        handles.push(thread::spawn(move || {
+            t2.lock(txn, &k2, X, LONG).unwrap();
+            order2.lock().unwrap().push(txn);
+            t2.unlock(txn, &k2);
+        }));
+        wait_until("enqueue", || t.waiters(&k) == txn as usize);
+    }
+    t.unlock(100, &k);
+    for h in handles {
+        h.join().unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), vec![1, 2, 3, 4, 5]);
+    assert!(t.is_free(&k));
+    assert_eq!(t.queue_count(), 0);
+}
+
+fn waiting_conversion_blocks_later_compatible_request<T: Table>() {
+    // Kimura §4.2: A and B hold SN; A converts to XN and waits for B; C's SN request is
+    // compatible with every granted mode but must wait behind A's conversion.
+    let t = table::<T>(DeadlockPolicy::WaitForGraph);
+    let k = key(7);
+    let (a, b, c) = (1, 2, 3);
+    t.lock(a, &k, SN, LONG).unwrap();
+    t.lock(b, &k, SN, LONG).unwrap();
+    let log = Arc::new(StdMutex::new(Vec::new()));
+    let ha = {
+        let (t, k, log) = (t.clone(), k.clone(), log.clone());
+        thread::spawn(move || {
+            assert_eq!(t.lock(a, &k, XN, LONG), Ok(XN));
+            log.lock().unwrap().push(a);
+            thread::sleep(Duration::from_millis(20));
+            log.lock().unwrap().push(a + 100);
+            t.unlock(a, &k);
+        })
+    };
+    wait_until("A's conversion waits", || t.waiters(&k) == 1);
+    assert_eq!(t.try_lock(c, &k, SN), Err(LockFailure::WouldBlock));
+    assert_eq!(t.waiters(&k), 1, "try_lock left nothing behind");
+    let hc = {
+        let (t, k, log) = (t.clone(), k.clone(), log.clone());
+        thread::spawn(move || {
+            assert_eq!(t.lock(c, &k, SN, LONG), Ok(SN));
+            log.lock().unwrap().push(c);
+            t.unlock(c, &k);
+        })
+    };
+    wait_until("C waits", || t.waiters(&k) == 2);
+    thread::sleep(Duration::from_millis(20));
+    assert!(
+        log.lock().unwrap().is_empty(),
+        "nobody granted while B holds SN"
+    );
+    assert_eq!(t.held_mode(c, &k), N);
+    t.unlock(b, &k);
+    ha.join().unwrap();
+    hc.join().unwrap();
+    assert_eq!(*log.lock().unwrap(), vec![a, a + 100, c]);
+    assert!(t.is_free(&k));
+}
+
+fn conversion_granted_ahead_of_waiting_new_request<T: Table>() {
+    // A holds IS; B waits for X; A converts IS -> IX: compatible with every other granted
+    // mode, so it is granted although B waits.
+    let t = table::<T>(DeadlockPolicy::WaitForGraph);
+    let tab = LockId::Table(3);
+    t.lock(1, &tab, IS, LONG).unwrap();
+    let hb = {
+        let (t, tab) = (t.clone(), tab.clone());
+        thread::spawn(move || {
+            assert_eq!(t.lock(2, &tab, X, LONG), Ok(X));
+            t.unlock(2, &tab);
+        })
+    };
+    wait_until("B waits", || t.waiters(&tab) == 1);
+    assert_eq!(t.try_lock(1, &tab, IX), Ok(IX));
+    assert_eq!(
+        t.try_lock(3, &tab, IS),
+        Err(LockFailure::WouldBlock),
+        "FIFO behind B"
+    );
+    t.unlock(1, &tab);
+    hb.join().unwrap();
+    assert!(t.is_free(&tab));
+}
+
+fn timeout_withdraws_request_and_leaves_queue_clean<T: Table>() {
+    for policy in [DeadlockPolicy::Timeout, DeadlockPolicy::WaitForGraph] {
+        let t = table::<T>(policy);
+        let k = key(1);
+        t.lock(1, &k, X, LONG).unwrap();
+        let to = Duration::from_millis(40);
+        let start = Instant::now();
+        match t.lock(2, &k, S, to) {
+            Err(LockFailure::Timeout { blocker, waited }) => {
+                assert_eq!(blocker, Some(1));
+                assert!(waited >= to && start.elapsed() >= to);
+            }
+            other => panic!("expected timeout, got {other:?}"),
+        }
+        assert_eq!(t.waiters(&k), 0);
+        t.unlock(1, &k);
+        assert!(t.is_free(&k), "{policy:?}");
+
+        // A timed-out conversion falls back to its granted mode.
+        t.lock(1, &k, S, LONG).unwrap();
+        t.lock(2, &k, S, LONG).unwrap();
+        assert!(matches!(
+            t.lock(1, &k, X, to),
+            Err(LockFailure::Timeout {
+                blocker: Some(2),
+                ..
+            })
+        ));
+        assert_eq!(t.held_mode(1, &k), S);
+        t.unlock(2, &k);
+        assert_eq!(t.try_lock(3, &k, X), Err(LockFailure::WouldBlock));
+        t.unlock(1, &k);
+        assert!(t.is_free(&k));
+        assert_eq!(t.queue_count(), 0);
+    }
+}
+
+fn timeout_of_first_waiter_grants_the_next<T: Table>() {
+    // A holds S; B waits X (times out); C waits S behind B. When B gives up, C becomes
+    // grantable and must be woken.
+    let t = table::<T>(DeadlockPolicy::Timeout);
+    let k = key(2);
+    t.lock(1, &k, S, LONG).unwrap();
+    let hb = {
+        let (t, k) = (t.clone(), k.clone());
+        thread::spawn(move || t.lock(2, &k, X, Duration::from_millis(60)))
+    };
+    wait_until("B waits", || t.waiters(&k) == 1);
+    let hc = {
+        let (t, k) = (t.clone(), k.clone());
+        thread::spawn(move || {
+            let r = t.lock(3, &k, S, LONG);
+            t.unlock(3, &k);
+            r
+        })
+    };
+    wait_until("C waits", || t.waiters(&k) == 2);
+    assert!(matches!(
+        hb.join().unwrap(),
+        Err(LockFailure::Timeout { .. })
+    ));
+    assert_eq!(hc.join().unwrap(), Ok(S));
+    t.unlock(1, &k);
+    assert_eq!(t.queue_count(), 0);
+}
+
+fn try_lock_leaves_nothing_behind<T: Table>() {
+    let t = table::<T>(DeadlockPolicy::WaitForGraph);
+    let k = key(1);
+    assert_eq!(t.try_lock(1, &k, X), Ok(X));
+    for m in [S, X, NS, SN, XN, NX] {
+        assert_eq!(t.try_lock(2, &k, m), Err(LockFailure::WouldBlock));
+    }
+    assert_eq!(t.waiters(&k), 0);
+    assert_eq!(t.held_mode(2, &k), N);
+    t.unlock(1, &k);
+    assert!(t.is_free(&k));
+    // Failed conversion keeps the held mode.
+    t.try_lock(1, &k, SN).unwrap();
+    t.try_lock(2, &k, SN).unwrap();
+    assert_eq!(t.try_lock(1, &k, XN), Err(LockFailure::WouldBlock));
+    assert_eq!(t.held_mode(1, &k), SN);
+    t.unlock(1, &k);
+    t.unlock(2, &k);
+    assert_eq!(t.queue_count(), 0);
+}
+
+fn key_range_modes_on_one_key<T: Table>() {
+    // NS (phantom protection of the gap) and XN (update of the key) coexist (Kimura §2.2).
+    let t = table::<T>(DeadlockPolicy::WaitForGraph);
+    let k = key(10);
+    t.lock(1, &k, NS, LONG).unwrap();
+    assert_eq!(t.try_lock(2, &k, XN), Ok(XN));
+    assert_eq!(t.try_lock(3, &k, NX), Err(LockFailure::WouldBlock));
+    assert_eq!(t.try_lock(3, &k, SN), Err(LockFailure::WouldBlock));
+    t.unlock(2, &k);
+    assert_eq!(t.try_lock(3, &k, SN), Ok(SN));
+    t.unlock(1, &k);
+    assert_eq!(t.try_lock(4, &k, NX), Ok(NX));
+    t.unlock(3, &k);
+    t.unlock(4, &k);
+    assert_eq!(t.queue_count(), 0);
+}
+
+fn intent_locks_follow_table4<T: Table>() {
+    let t = table::<T>(DeadlockPolicy::WaitForGraph);
+    let tab = LockId::Table(5);
+    for a in [S, X, IS, IX, SIX] {
+        for b in [S, X, IS, IX, SIX] {
+            t.lock(1, &tab, a, LONG).unwrap();
+            let got = t.try_lock(2, &tab, b);
+            assert_eq!(got.is_ok(), a.compatible(b), "{a:?} held, {b:?} asked");
+            t.unlock(2, &tab);
+            t.unlock(1, &tab);
+            assert!(t.is_free(&tab));
+        }
+    }
+    // Conversions along Gray's lattice.
+    assert_eq!(t.lock(1, &tab, IS, LONG), Ok(IS));
+    assert_eq!(t.lock(1, &tab, IX, LONG), Ok(IX));
+    assert_eq!(t.lock(1, &tab, S, LONG), Ok(SIX));
+    assert_eq!(t.try_lock(2, &tab, IS), Ok(IS));
+    assert_eq!(t.try_lock(3, &tab, IX), Err(LockFailure::WouldBlock));
+    assert_eq!(t.try_lock(3, &tab, S), Err(LockFailure::WouldBlock));
+    t.unlock(1, &tab);
+    assert_eq!(t.try_lock(3, &tab, IX), Ok(IX));
+    t.unlock(2, &tab);
+    t.unlock(3, &tab);
+    assert!(t.is_free(&LockId::Database));
+    assert_eq!(t.queue_count(), 0);
+}
+
+/// Each txn `i` holds `own[i]` in `first` mode, then (all at once) asks for `want[i]` in
+/// mode `second`. Returns the per-txn results.
+fn run_cycle<T: Table>(
+    t: &Arc<T>,
+    own: Vec<LockId>,
+    want: Vec<LockId>,
+    first: LockMode,
+    second: LockMode,
+) -> Vec<Result<LockMode, LockFailure>> {
+    let n = own.len();
+    let barrier = Arc::new(Barrier::new(n));
+    let handles: Vec<_> = (0..n)
+        .map(|i| {
+            let (t, barrier) = (t.clone(), barrier.clone());
+            let (own, want) = (own[i].clone(), want[i].clone());
+            thread::spawn(move || {
+                let txn = i as TxnId + 1;
+                t.lock(txn, &own, first, LONG).unwrap();
+                barrier.wait();
+                let r = t.lock(txn, &want, second, LONG);
+                if r.is_ok() {
+                    // Hold a little so the others really wait.
+                    thread::sleep(Duration::from_millis(5));
+                    t.unlock(txn, &want);
+                }
+                t.unlock(txn, &own);
+                r
+            })
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+fn assert_one_victim(results: &[Result<LockMode, LockFailure>], started: Instant) {
+    let victims = results
+        .iter()
+        .filter(|r| matches!(r, Err(LockFailure::Deadlock { blocker: Some(_) })))
+        .count();
+    let ok = results.iter().filter(|r| r.is_ok()).count();
+    assert_eq!((victims, ok), (1, results.len() - 1), "{results:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "detected without timeouts"
+    );
+}
+
+fn deadlock_two_cycle<T: Table>() {
+    for _ in 0..20 {
+        let t = table::<T>(DeadlockPolicy::WaitForGraph);
+        let start = Instant::now();
+        let r = run_cycle(&t, vec![key(1), key(2)], vec![key(2), key(1)], X, X);
+        assert_one_victim(&r, start);
+        assert_eq!(t.queue_count(), 0);
+    }
+}
+
+fn deadlock_three_cycle<T: Table>() {
+    for _ in 0..20 {
+        let t = table::<T>(DeadlockPolicy::WaitForGraph);
+        let start = Instant::now();
+        let own = vec![key(1), key(2), key(3)];
+        let want = vec![key(2), key(3), key(1)];
+        let r = run_cycle(&t, own, want, X, X);
+        assert_one_victim(&r, start);
+        assert_eq!(t.queue_count(), 0);
+    }
+}
+
+fn deadlock_upgrade<T: Table>() {
+    for _ in 0..20 {
+        let t = table::<T>(DeadlockPolicy::WaitForGraph);
+        let start = Instant::now();
+        // Both hold S on one key and convert to X; the victim keeps S until it unlocks.
+        let k = key(4);
+        let r = run_cycle(&t, vec![k.clone(), k.clone()], vec![k.clone(), k], S, X);
+        assert_one_victim(&r, start);
+        assert_eq!(t.queue_count(), 0);
+    }
+}
+
+fn waiting_chain_is_not_a_deadlock<T: Table>() {
+    // T2 waits for T1, T3 for T2 (on another lock): no cycle, nobody is a victim.
+    let t = table::<T>(DeadlockPolicy::WaitForGraph);
+    let (a, b) = (key(1), key(2));
+    t.lock(1, &a, X, LONG).unwrap();
+    t.lock(2, &b, X, LONG).unwrap();
+    let h2 = {
+        let (t, a, b) = (t.clone(), a.clone(), b.clone());
+        thread::spawn(move || {
+            let r = t.lock(2, &a, X, LONG);
+            t.unlock(2, &a);
+            t.unlock(2, &b);
+            r
+        })
+    };
+    wait_until("T2 waits", || t.waiters(&a) == 1);
+    let h3 = {
+        let (t, b) = (t.clone(), b.clone());
+        thread::spawn(move || {
+            let r = t.lock(3, &b, X, LONG);
+            t.unlock(3, &b);
+            r
+        })
+    };
+    wait_until("T3 waits", || t.waiters(&b) == 1);
+    thread::sleep(Duration::from_millis(30)); // a few re-checks
+    t.unlock(1, &a);
+    assert_eq!(h2.join().unwrap(), Ok(X));
+    assert_eq!(h3.join().unwrap(), Ok(X));
+    assert_eq!(t.queue_count(), 0);
+}
+
+fn timeout_policy_breaks_deadlock_by_timeout<T: Table>() {
+    let t = table::<T>(DeadlockPolicy::Timeout);
+    let (a, b) = (key(1), key(2));
+    let barrier = Arc::new(Barrier::new(2));
+    let hs: Vec<_> = [(a.clone(), b.clone()), (b, a)]
+        .into_iter()
+        .enumerate()
+        .map(|(i, (own, want))| {
+            let (t, barrier) = (t.clone(), barrier.clone());
+            thread::spawn(move || {
+                let txn = i as TxnId + 1;
+                t.lock(txn, &own, X, LONG).unwrap();
+                barrier.wait();
+                let to = Duration::from_millis(30 + 200 * i as u64);
+                let r = t.lock(txn, &want, X, to);
+                t.unlock(txn, &want);
+                t.unlock(txn, &own);
+                r
+            })
+        })
+        .collect();
+    let r: Vec<_> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+    assert!(matches!(r[0], Err(LockFailure::Timeout { .. })), "{r:?}");
+    assert_eq!(r[1], Ok(X));
+    assert_eq!(t.queue_count(), 0);
+}
+
+fn many_keys_queue_count<T: Table>() {
+    let t = table::<T>(DeadlockPolicy::WaitForGraph);
+    let k = |i: u32| LockId::Key(i % 7, i.to_le_bytes().to_vec().into_boxed_slice());
+    for i in 0..2000u32 {
+        t.lock(u64::from(i % 3), &k(i), XN, LONG).unwrap();
+    }
+    t.lock(1, &LockId::NegInf(3), NS, LONG).unwrap();
+    t.lock(1, &LockId::Database, IX, LONG).unwrap();
+    assert_eq!(t.queue_count(), 2002);
+    for i in 0..2000u32 {
+        t.unlock(u64::from(i % 3), &k(i));
+    }
+    t.unlock(1, &LockId::NegInf(3));
+    t.unlock(1, &LockId::Database);
+    assert_eq!(t.queue_count(), 0);
+}
+
+fn tags_outlive_requests<T: Table>() {
+    let t = table::<T>(DeadlockPolicy::WaitForGraph);
+    let k = key(3);
+    assert_eq!(t.tag(&k), 0);
+    t.lock(1, &k, X, LONG).unwrap();
+    t.unlock_tagged(1, &k, 42);
+    assert!(t.is_free(&k));
+    assert!(t.tag(&k) >= 42, "the tag outlives the queue");
+    t.unlock_tagged(9, &k, 100); // not held: no-op
+    t.lock(2, &k, S, LONG).unwrap();
+    assert!(t.tag(&k) >= 42, "a new queue reports the old tag");
+    t.unlock_tagged(2, &k, 7);
+    assert!(t.tag(&k) >= 42, "tags never decrease");
+    t.lock(3, &k, X, LONG).unwrap();
+    t.unlock_tagged(3, &k, 50);
+    assert!(t.tag(&k) >= 50);
+    assert_eq!(t.queue_count(), 0);
+}
+
+// ---- latch-free table only ----
+
+/// 256 threads on four hot keys: shared and exclusive locks, S->X conversions, deadlock
+/// victims and timeouts retried; an in-section counter per key checks mutual exclusion.
+///
+/// Runs 3 s, longer (up to a minute) until 1000 lock sections completed: the check is that
+/// the table makes progress, not how fast (a loaded 2-core machine may take its time).
+#[test]
+fn stress_256_threads_hot_keys() {
+    const THREADS: usize = 256;
+    const KEYS: u8 = 4;
+    const WRITER: i64 = 1 << 32;
+    const PROGRESS: u64 = 1000;
+    let t = Arc::new(LatchFreeLockTable::new(DeadlockPolicy::WaitForGraph));
+    let inside: Arc<Vec<AtomicI64>> = Arc::new((0..KEYS).map(|_| AtomicI64::new(0)).collect());
+    let next_txn = Arc::new(AtomicU64::new(1));
+    let (done, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let start = Instant::now();
+    let (deadline, cap) = (
+        start + Duration::from_secs(3),
+        start + Duration::from_secs(60),
+    );
+    let handles: Vec<_> = (0..THREADS)
+        .map(|th| {
+            let (t, inside, next_txn) = (t.clone(), inside.clone(), next_txn.clone());
+            let (done, failed) = (done.clone(), failed.clone());
+            thread::spawn(move || {
+                let mut rng = StdRng::seed_from_u64(th as u64);
+                let more = || {
+                    let now = Instant::now();
+                    now < deadline || (now < cap && done.load(Ordering::Relaxed) < PROGRESS)
+                };
+                while more() {
+                    let txn = next_txn.fetch_add(1, Ordering::Relaxed);
+                    let ki = rng.gen_range(0..KEYS);
+                    let k = key(ki);
+                    let c = &inside[ki as usize];
+                    let timeout = Duration::from_millis(500);
+                    let ok = match rng.gen_range(0..3) {
+                        0 => t.lock(txn, &k, X, timeout).map(|_| {
+                            assert_eq!(c.fetch_add(WRITER, Ordering::SeqCst), 0, "X excl");
+                            thread::yield_now();
+                            c.fetch_sub(WRITER, Ordering::SeqCst);
+                        }),
+                        1 => t.lock(txn, &k, S, timeout).map(|_| {
+                            let prev = c.fetch_add(1, Ordering::SeqCst);
+                            assert!(prev < WRITER, "S while X held");
+                            thread::yield_now();
+                            c.fetch_sub(1, Ordering::SeqCst);
+                        }),
+                        _ => t.lock(txn, &k, S, timeout).and_then(|_| {
+                            let prev = c.fetch_add(1, Ordering::SeqCst);
+                            assert!(prev < WRITER, "S while X held");
+                            let r = t.lock(txn, &k, X, timeout);
+                            match r {
+                                Ok(_) => {
+                                    let prev = c.fetch_add(WRITER - 1, Ordering::SeqCst);
+                                    assert_eq!(prev, 1, "conversion to X not exclusive");
+                                    thread::yield_now();
+                                    c.fetch_sub(WRITER, Ordering::SeqCst);
+                                }
+                                Err(_) => {
+                                    c.fetch_sub(1, Ordering::SeqCst);
+                                }
+                            }
+                            r.map(|_| ())
+                        }),
+                    };
+                    t.unlock(txn, &k);
+                    if ok.is_ok() {
+                        done.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        failed.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    let (done, failed) = (done.load(Ordering::Relaxed), failed.load(Ordering::Relaxed));
+    eprintln!(
+        "stress: {done} lock sections, {failed} failed (deadlock/timeout), {} entries",
+        t.allocated_entries()
+    );
+    assert!(done >= PROGRESS, "made progress: {done}");
+    for k in 0..KEYS {
+        assert!(t.is_free(&key(k)));
+    }
+    assert_eq!(t.queue_count(), 0);
+}
+
+/// Many short transactions (intent locks on the database and a table, key locks on a small
+/// key set): the number of allocated request entries stops growing.
+#[test]
+fn allocated_entries_stay_bounded() {
+    const THREADS: usize = 8;
+    const ROUNDS: usize = 6;
+    const TXNS: usize = 1000;
+    let t = Arc::new(LatchFreeLockTable::with_params(
+        DeadlockPolicy::Timeout,
+        Params {
+            slots: 64,
+            ..Params::default()
+        },
+    ));
+    let next_txn = Arc::new(AtomicU64::new(1));
+    // The same threads run every round (their reclamation slots persist), with a barrier
+    // after each round at which the main thread samples the allocation count.
+    let barrier = Arc::new(Barrier::new(THREADS + 1));
+    let hs: Vec<_> = (0..THREADS)
+        .map(|th| {
+            let (t, next_txn, barrier) = (t.clone(), next_txn.clone(), barrier.clone());
+            thread::spawn(move || {
+                let mut rng = StdRng::seed_from_u64(th as u64);
+                for _ in 0..ROUNDS {
+                    for _ in 0..TXNS {
+                        let txn = next_txn.fetch_add(1, Ordering::Relaxed);
+                        let mut held = vec![LockId::Database, LockId::Table(1)];
+                        t.lock(txn, &LockId::Database, IX, LONG).unwrap();
+                        t.lock(txn, &LockId::Table(1), IX, LONG).unwrap();
+                        let mut keys: Vec<u8> = (0..4).map(|_| rng.gen_range(0..64)).collect();
+                        keys.sort_unstable();
+                        keys.dedup();
+                        for k in keys {
+                            // Sorted order: no deadlocks.
+                            t.lock(txn, &key(k), X, LONG).unwrap();
+                            held.push(key(k));
+                        }
+                        for id in held {
+                            t.unlock(txn, &id);
+                        }
+                    }
+                    barrier.wait();
+                    barrier.wait();
+                }
+            })
+        })
+        .collect();
+    let mut after = Vec::new();
+    let mut before = Vec::new();
+    for _ in 0..ROUNDS {
+        barrier.wait();
+        before.push(t.allocated_entries());
+        // Quiescent: bulk reclamation brings every slot down to its free list.
+        t.reclaim();
+        after.push(t.allocated_entries());
+        barrier.wait();
+    }
+    for h in hs {
+        h.join().unwrap();
+    }
+    eprintln!(
+        "allocated entries after each round of {} transactions: {before:?}, after a quiescent \
+         reclaim: {after:?}",
+        THREADS * TXNS
+    );
+    assert_eq!(t.queue_count(), 0);
+    // About 6 requests per transaction: ~290k requests in all, far more than the bounds, which
+    // do not depend on the length of the run. While running, per slot (64): retire batches
+    // waiting for the epoch (more while a descheduled thread stays pinned), the free list and
+    // one allocation batch; per lock head (66), its last entry. After a quiescent `reclaim`,
+    // only free lists, allocation batches and last entries remain.
+    let quiescent = 64 * (FREE_CAP + ALLOC_BATCH) + 66;
+    assert!(
+        after.iter().all(|&a| a <= quiescent),
+        "{after:?} > {quiescent}"
+    );
+    assert!(THREADS * TXNS * ROUNDS * 6 > 10 * quiescent);
+    // Stable from round to round (the same threads reuse the same slots).
+    let (first, last) = (after[0], *after.last().unwrap());
+    assert!(
+        last <= 2 * first + THREADS * ALLOC_BATCH,
+        "growing: {after:?}"
+    );
+}
+
+// ---- engine runs with the latch-free table ----
+
+fn latchfree_options() -> Options {
+    Options {
+        lock_table: LockTableKind::LatchFree,
+        ..common::options(shoal::ConcurrencyControl::TwoPhaseLocking)
+    }
+}
+
+/// The bank invariant (tests/bank.rs) on the latch-free table: concurrent transfers never
+/// change the total, and concurrent readers always see it.
+#[test]
+fn bank_invariant_with_latchfree_table() {
+    const ACCOUNTS: usize = 30;
+    const INITIAL: i64 = 1000;
+    let acct = |i: usize| format!("acct{i:03}");
+    let db = Database::in_memory_with(latchfree_options());
+    let t = db.create_table("accounts").unwrap();
+    db.run(|tx| {
+        for i in 0..ACCOUNTS {
+            tx.insert(&t, acct(i), common::enc(INITIAL))?;
+        }
+        Ok(())
+    })
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_millis(1500);
+    let (transfers, sums) = (AtomicU64::new(0), AtomicU64::new(0));
+    let stop = AtomicBool::new(false);
+    thread::scope(|s| {
+        for th in 0..8u64 {
+            let (db, t, transfers) = (&db, &t, &transfers);
+            s.spawn(move || {
+                let mut rng = StdRng::seed_from_u64(th);
+                while Instant::now() < deadline {
+                    let from = rng.gen_range(0..ACCOUNTS);
+                    let to = (from + rng.gen_range(1..ACCOUNTS)) % ACCOUNTS;
+                    let amount = rng.gen_range(1..=300);
+                    let r = db.run(|tx| {
+                        let a = tx.get_i64(t, acct(from))?.unwrap();
+                        if a < amount {
+                            return Ok(false);
+                        }
+                        let b = tx.get_i64(t, acct(to))?.unwrap();
+                        tx.put(t, acct(from), common::enc(a - amount))?;
+                        tx.put(t, acct(to), common::enc(b + amount))?;
+                        Ok(true)
+                    });
+                    if r.expect("transfer") {
+                        transfers.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+        for _ in 0..2 {
+            let (db, t, sums, stop) = (&db, &t, &sums, &stop);
+            s.spawn(move || {
+                while Instant::now() < deadline && !stop.load(Ordering::Relaxed) {
+                    let rows = db.run(|tx| tx.scan(t, ..)).expect("scan");
+                    let sum: i64 = rows.iter().map(|(_, v)| common::dec(v)).sum();
+                    assert_eq!(sum, ACCOUNTS as i64 * INITIAL, "not serializable");
+                    sums.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+        }
+    });
+    let (transfers, sums) = (transfers.into_inner(), sums.into_inner());
+    eprintln!("latch-free bank: {transfers} transfers, {sums} sums");
+    assert!(transfers > 0 && sums > 0);
+    let rows = db.run(|tx| tx.scan(&t, ..)).unwrap();
+    let total: i64 = rows.iter().map(|(_, v)| common::dec(v)).sum();
+    assert_eq!(total, ACCOUNTS as i64 * INITIAL);
+}
+
+/// Random transactions of point reads, read-modify-writes and scans on the latch-free table,
+/// checked on the direct serialization graph (as `tests/serializability.rs`): unique written
+/// versions, every write reads first. Here the 8 keys exist from the start (no inserts, so no
+/// phantoms): see [`dsg_with_phantoms_short`] for the variant with absent keys.
+#[test]
+fn dsg_random_transactions_with_latchfree_table() {
+    dsg_run(
+        LockTableKind::LatchFree,
+        4,
+        8,
+        None,
+        Duration::from_millis(1500),
+    );
+}
+
+/// The workload with keys that start absent (fresh keys every 8 transactions, so reads of
+/// absent keys, inserts into scanned ranges and phantoms keep happening), 6 threads on 6 keys,
+/// on each lock table. Short enough for every `cargo test`; see
+/// [`dsg_with_phantoms_both_tables`] for the long run.
+///
+/// It guards the phantom that both lock tables showed here until inserts inherited the
+/// inserter's own gap lock: a transaction scanned a range, inserted a key into it (splitting
+/// the gap its scan had locked), and another transaction inserted just above that key and
+/// committed — a G2 / G-single cycle. The anomaly occurs mostly at the start of an epoch,
+/// when the range is empty or sparse, hence the short epochs (before the fix a single run
+/// of this test caught it about every other time).
+#[test]
+fn dsg_with_phantoms_short() {
+    for kind in [LockTableKind::Sharded, LockTableKind::LatchFree] {
+        dsg_run(kind, 6, 6, Some(8), Duration::from_millis(1000));
+    }
+}
+
+/// The long run of [`dsg_with_phantoms_short`]: both epoch lengths of the original
+/// reproducer (128 transactions) and the short run's (8), five rounds on each lock table.
+/// `cargo test --release --test latchfree -- --ignored dsg_with_phantoms_both_tables`.
+#[test]
+#[ignore = "long (about 30 s): the full phantom reproducer, run by hand or in soak runs"]
+fn dsg_with_phantoms_both_tables() {
+    for round in 0..5 {
+        let epoch = if round % 2 == 0 { 128 } else { 8 };
+        for kind in [LockTableKind::Sharded, LockTableKind::LatchFree] {
+            dsg_run(kind, 6, 6, Some(epoch), Duration::from_millis(1500));
+        }
+    }
+}
+
+/// `epoch_len`: `Some(n)`: transaction `id` works on the keys of block `id / n`, which start
+/// absent; `None`: one block of keys, all inserted before the run. Runs for `duration`.
+fn dsg_run(
+    kind: LockTableKind,
+    threads: u64,
+    keys: usize,
+    epoch_len: Option<u64>,
+    duration: Duration,
+) {
+    use common::dsg::{History, TxnRecord, Version};
+    use std::collections::HashMap;
+
+    #[allow(non_snake_case)]
+    let KEYS = keys;
+    let k = |epoch: u64, i: usize| format!("e{epoch:06}/k{i}");
+    let what = format!("dsg {kind:?} epoch {epoch_len:?}");
+    let seed = common::seed(&what);
+    let db = Database::in_memory_with(Options {
+        lock_table: kind,
+        ..latchfree_options()
+    });
+    let t = db.create_table("t").unwrap();
+    if epoch_len.is_none() {
+        db.run(|tx| {
+            for i in 0..KEYS {
+                tx.insert(&t, k(0, i), Version::INITIAL.encode())?;
+            }
+            Ok(())
+        })
+        .unwrap();
+    }
+    let next_id = AtomicU64::new(1);
+    let history = StdMutex::new(History::new());
+    let aborts = AtomicU64::new(0);
+    let deadline = Instant::now() + duration;
+    thread::scope(|s| {
+        for th in 0..threads {
+            let (db, t, next_id, history, aborts) = (&db, &t, &next_id, &history, &aborts);
+            s.spawn(move || {
+                let mut rng = StdRng::seed_from_u64(seed.wrapping_add(th));
+                while Instant::now() < deadline {
+                    let id = next_id.fetch_add(1, Ordering::Relaxed);
+                    let epoch = epoch_len.map_or(0, |n| id / n);
+                    let mut attempt = || -> shoal::Result<TxnRecord> {
+                        let mut tx = db.begin();
+                        let mut rec = TxnRecord::new(id);
+                        let mut own: HashMap<String, Version> = HashMap::new();
+                        let mut seq = 0;
+                        for _ in 0..rng.gen_range(2..=5) {
+                            let op = rng.gen_range(0..10);
+                            if op < 8 {
+                                let key = k(epoch, rng.gen_range(0..KEYS));
+                                let seen = Version::decode(tx.get(t, &key)?.as_deref());
+                                match own.get(&key) {
+                                    Some(mine) => assert_eq!(seen, *mine, "own write"),
+                                    None => rec.reads.push((key.clone(), seen)),
+                                }
+                                if op >= 4 {
+                                    seq += 1;
+                                    let new = Version { writer: id, seq };
+                                    tx.put(t, &key, new.encode())?;
+                                    own.insert(key.clone(), new);
+                                    rec.writes.push((key, new, seen));
+                                }
+                            } else {
+                                let lo = format!("e{epoch:06}/").into_bytes();
+                                let hi = format!("e{epoch:06}0").into_bytes();
+                                let rows = tx.scan(t, lo..hi)?;
+                                let found: HashMap<String, Version> = rows
+                                    .into_iter()
+                                    .map(|(kk, v)| {
+                                        (String::from_utf8(kk).unwrap(), Version::decode(Some(&v)))
+                                    })
+                                    .collect();
+                                for i in 0..KEYS {
+                                    let key = k(epoch, i);
+                                    let seen = found.get(&key).copied().unwrap_or(Version::INITIAL);
+                                    match own.get(&key) {
+                                        Some(mine) => assert_eq!(seen, *mine, "own write"),
+                                        None => rec.reads.push((key, seen)),
+                                    }
+                                }
+                            }
+                        }
+                        tx.commit()?;
+                        Ok(rec)
+                    };
+                    match attempt() {
+                        Ok(rec) => history.lock().unwrap().push(rec),
+                        Err(e) if e.is_retryable() => {
+                            aborts.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(e) => panic!("T{id}: unexpected error {e:?}"),
+                    }
+                }
+            });
+        }
+    });
+    let history = history.into_inner().unwrap();
+    let stats = history.assert_serializable(&what);
+    eprintln!(
+        "{what}: {} committed, {} aborted, {stats:?}",
+        stats.txns,
+        aborts.load(Ordering::Relaxed)
+    );
+    assert!(
+        stats.txns >= 20 && stats.ww > 0 && stats.wr > 0 && stats.rw > 0,
+        "{stats:?}"
+    );
+}

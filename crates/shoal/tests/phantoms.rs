@@ -1,0 +1,352 @@
+//! Phantoms: a transaction that reads a key range (or an absent key) twice must see the same
+//! rows both times, while other transactions insert and delete keys inside the range, at its
+//! bounds and just outside it.
+//!
+//! The range under test is between `k10` and `k20` with every kind of bound. The keys the
+//! writers toggle sit just below the lower bound (`k09z`, `k1`), on it (`k10`), just above
+//! it (`k10a`), inside (`k15`), just below the upper bound (`k19z`, `k2`), on it (`k20`),
+//! just above it (`k20a`) and further out (`k05`, `k3`). Some stable keys (`k00`, `k12`,
+//! `k18`, `k99`) never change.
+
+mod common;
+
+use std::ops::Bound;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use shoal::{Database, Table};
+
+use common::{enc, inconsistent, mode_name, modes, optimistic, reader_committed, show, KeyRange};
+
+const LO: &[u8] = b"k10";
+const HI: &[u8] = b"k20";
+const STABLE: [&str; 4] = ["k00", "k12", "k18", "k99"];
+const TOGGLED: [&str; 11] = [
+    "k05", "k09z", "k1", "k10", "k10a", "k15", "k19z", "k2", "k20", "k20a", "k3",
+];
+const DURATION: Duration = Duration::from_millis(1000);
+const WRITER_PAUSE_OCC: Duration = Duration::from_micros(200);
+
+type Rows = Vec<(Vec<u8>, Vec<u8>)>;
+
+fn ranges() -> Vec<KeyRange> {
+    use Bound::{Excluded, Included, Unbounded};
+    vec![
+        KeyRange::new(Included(LO), Excluded(HI)),
+        KeyRange::new(Included(LO), Included(HI)),
+        KeyRange::new(Excluded(LO), Excluded(HI)),
+        KeyRange::new(Excluded(LO), Included(HI)),
+        KeyRange::new(Unbounded, Excluded(HI)),
+        KeyRange::new(Included(LO), Unbounded),
+        KeyRange::new(Excluded(LO), Unbounded),
+        KeyRange::new(Unbounded, Included(HI)),
+    ]
+}
+
+fn setup(o: &shoal::Options) -> (Database, Table) {
+    let db = Database::in_memory_with(o.clone());
+    let t = db.create_table("t").expect("create table");
+    db.run(|tx| {
+        for k in STABLE {
+            tx.put(&t, k, enc(0))?;
+        }
+        Ok(())
+    })
+    .expect("load stable keys");
+    (db, t)
+}
+
+fn scan(
+    tx: &mut shoal::Transaction<'_>,
+    t: &Table,
+    r: &KeyRange,
+    rev: bool,
+) -> shoal::Result<Rows> {
+    let mut rows = if rev {
+        tx.scan_rev(t, r.clone())?
+    } else {
+        tx.scan(t, r.clone())?
+    };
+    if rev {
+        rows.reverse();
+    }
+    Ok(rows)
+}
+
+/// Checks order and bounds of an (ascending-normalized) scan result.
+fn check_rows(what: &str, r: &KeyRange, rows: &Rows) {
+    let keys: Vec<String> = rows.iter().map(|(k, _)| show(k)).collect();
+    assert!(
+        rows.windows(2).all(|w| w[0].0 < w[1].0),
+        "{what}: scan {r} out of order: {keys:?}"
+    );
+    for (k, _) in rows {
+        assert!(r.contains_key(k), "{what}: scan {r} returned {}", show(k));
+    }
+    for k in STABLE {
+        if r.contains_key(k.as_bytes()) {
+            assert!(
+                rows.iter().any(|(kk, _)| kk == k.as_bytes()),
+                "{what}: scan {r} missed the stable key {k}: {keys:?}"
+            );
+        }
+    }
+}
+
+fn keys(rows: &Rows) -> Vec<String> {
+    rows.iter().map(|(k, _)| show(k)).collect()
+}
+
+/// Readers scan a range twice (with a pause between) while writers toggle keys in and around
+/// it; readers also read a toggled key twice. Both reads must agree in every committed reader.
+#[test]
+fn range_scans_see_no_phantoms_under_concurrent_inserts_and_deletes() {
+    for o in modes() {
+        let what = format!("phantoms [{}]", mode_name(&o));
+        let seed = common::seed(&what);
+        let (db, t) = setup(&o);
+        let writes = AtomicU64::new(0);
+        let range_checks = AtomicU64::new(0);
+        let point_checks = AtomicU64::new(0);
+        let deadline = Instant::now() + DURATION;
+        std::thread::scope(|s| {
+            for th in 0..3u64 {
+                let (db, t, writes, o) = (&db, &t, &writes, &o);
+                s.spawn(move || {
+                    let mut rng = StdRng::seed_from_u64(seed ^ (th << 32));
+                    let mut n = 0i64;
+                    while Instant::now() < deadline {
+                        let k1 = TOGGLED[rng.gen_range(0..TOGGLED.len())];
+                        let k2 = TOGGLED[rng.gen_range(0..TOGGLED.len())];
+                        n += 1;
+                        db.run(|tx| {
+                            for k in [k1, k2] {
+                                if tx.get(t, k)?.is_some() {
+                                    if !tx.delete(t, k)? {
+                                        return Err(inconsistent(o, "delete of a present key"));
+                                    }
+                                } else {
+                                    match tx.insert(t, k, enc(n)) {
+                                        Err(shoal::Error::DuplicateKey { .. }) => {
+                                            return Err(inconsistent(o, "insert of an absent key"))
+                                        }
+                                        r => r?,
+                                    }
+                                }
+                            }
+                            Ok(())
+                        })
+                        .expect("toggle keys");
+                        writes.fetch_add(1, Ordering::Relaxed);
+                        if optimistic(o) {
+                            // Unthrottled writers starve OCC readers (every validation
+                            // fails); leave them windows so the readers' checks run.
+                            std::thread::sleep(WRITER_PAUSE_OCC);
+                        }
+                    }
+                });
+            }
+            // Under locking a long pause widens the window for a phantom; under OCC it only
+            // makes validation fail, so optimistic readers pause briefly.
+            let (point_pause, scan_pause) = if optimistic(&o) {
+                (Duration::from_micros(100), Duration::from_micros(100))
+            } else {
+                (Duration::from_millis(1), Duration::from_millis(2))
+            };
+            for th in 0..2u64 {
+                let (db, t, range_checks, point_checks) = (&db, &t, &range_checks, &point_checks);
+                let what = &what;
+                s.spawn(move || {
+                    let mut rng = StdRng::seed_from_u64(seed ^ ((th + 100) << 32));
+                    let all = ranges();
+                    while Instant::now() < deadline {
+                        if rng.gen_range(0..4) == 0 {
+                            let k = TOGGLED[rng.gen_range(0..TOGGLED.len())];
+                            let (a, b) = db
+                                .run(|tx| {
+                                    let a = tx.get(t, k)?;
+                                    std::thread::sleep(point_pause);
+                                    let b = tx.get(t, k)?;
+                                    Ok((a, b))
+                                })
+                                .expect("point reader");
+                            assert_eq!(a, b, "{what}: two reads of {k} in one transaction differ");
+                            point_checks.fetch_add(1, Ordering::Relaxed);
+                            continue;
+                        }
+                        let r = &all[rng.gen_range(0..all.len())];
+                        let rev1 = rng.gen_bool(0.5);
+                        let rev2 = rng.gen_bool(0.5);
+                        let (a, b) = db
+                            .run(|tx| {
+                                let a = scan(tx, t, r, rev1)?;
+                                if rng.gen_bool(0.5) {
+                                    std::thread::sleep(scan_pause);
+                                } else {
+                                    std::thread::yield_now();
+                                }
+                                let b = scan(tx, t, r, rev2)?;
+                                Ok((a, b))
+                            })
+                            .expect("range reader");
+                        check_rows(what, r, &a);
+                        check_rows(what, r, &b);
+                        assert_eq!(
+                            a,
+                            b,
+                            "{what}: PHANTOM: two scans of {r} (rev: {rev1}, {rev2}) in one \
+                             transaction differ: {:?} then {:?}",
+                            keys(&a),
+                            keys(&b)
+                        );
+                        range_checks.fetch_add(1, Ordering::Relaxed);
+                    }
+                });
+            }
+        });
+        let (w, rc, pc) = (
+            writes.into_inner(),
+            range_checks.into_inner(),
+            point_checks.into_inner(),
+        );
+        eprintln!("{what}: {w} writer commits, {rc} double scans, {pc} double point reads");
+        assert!(w > 0 && rc > 0 && pc > 0, "{what}: no progress");
+    }
+}
+
+/// Deterministic: for every bound kind, direction and edge key, a reader scans, a writer
+/// inserts (or deletes) the edge key, the reader scans again after a pause: both scans equal.
+/// The writer's change must be in place after both finished.
+#[test]
+fn range_scan_edges_deterministic() {
+    for o in modes() {
+        range_scan_edges(&o);
+    }
+}
+
+/// The coarser key-range lock designs (Lomet's, S/X only) must prevent phantoms as well.
+#[test]
+fn range_scan_edges_under_coarser_key_range_modes() {
+    for m in [
+        shoal::KeyRangeModes::Lomet,
+        shoal::KeyRangeModes::SharedExclusive,
+    ] {
+        range_scan_edges(&shoal::Options {
+            key_range_modes: m,
+            ..common::options(shoal::ConcurrencyControl::TwoPhaseLocking)
+        });
+    }
+}
+
+fn range_scan_edges(o: &shoal::Options) {
+    {
+        let o = o.clone();
+        let what = format!("phantom edges [{} {:?}]", mode_name(&o), o.key_range_modes);
+        for (ri, r) in ranges().iter().enumerate() {
+            for k in ["k1", "k10", "k10a", "k15", "k2", "k20", "k20a"] {
+                for present in [false, true] {
+                    let rev = (ri + usize::from(present)) % 2 == 1;
+                    let (db, t) = setup(&o);
+                    if present {
+                        db.run(|tx| tx.put(&t, k, enc(7))).expect("preload");
+                    }
+                    let mut tx = db.begin();
+                    let a = scan(&mut tx, &t, r, rev).expect("first scan");
+                    let (done_tx, done_rx) = std::sync::mpsc::channel();
+                    let writer = {
+                        let (db, t) = (db.clone(), t.clone());
+                        std::thread::spawn(move || {
+                            let res = db.run(|tx| {
+                                if present {
+                                    tx.delete(&t, k).map(|_| ())
+                                } else {
+                                    tx.insert(&t, k, enc(8))
+                                }
+                            });
+                            let _ = done_tx.send(());
+                            res
+                        })
+                    };
+                    // Let the writer run (or block) before the second scan.
+                    let _ = done_rx.recv_timeout(Duration::from_millis(10));
+                    let b = scan(&mut tx, &t, r, !rev).expect("second scan");
+                    let committed = reader_committed(&o, tx.commit(), &what);
+                    writer
+                        .join()
+                        .expect("writer thread")
+                        .expect("writer committed eventually");
+                    let case = format!(
+                        "{what}: range {r}, key {k} {}, first scan {}",
+                        if present { "deleted" } else { "inserted" },
+                        if rev { "descending" } else { "ascending" }
+                    );
+                    check_rows(&case, r, &a);
+                    check_rows(&case, r, &b);
+                    if committed {
+                        assert_eq!(keys(&a), keys(&b), "{case}: PHANTOM: the two scans differ");
+                    }
+                    let after = db.run(|tx| tx.get(&t, k)).expect("read after");
+                    assert_eq!(
+                        after.is_some(),
+                        !present,
+                        "{case}: the writer's change is missing"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// A point lookup of an absent key twice returns `None` both times while another transaction
+/// inserts the key; likewise a present key deleted concurrently is read the same twice.
+#[test]
+fn point_lookup_phantom() {
+    for o in modes() {
+        let what = format!("point phantom [{}]", mode_name(&o));
+        for present in [false, true] {
+            for k in ["k15", "k10", "k0", "k999"] {
+                let (db, t) = setup(&o);
+                if present {
+                    db.run(|tx| tx.put(&t, k, enc(7))).expect("preload");
+                }
+                let mut tx = db.begin();
+                let a = tx.get(&t, k).expect("first get");
+                let writer = {
+                    let (db, t) = (db.clone(), t.clone());
+                    std::thread::spawn(move || {
+                        db.run(|tx| {
+                            if present {
+                                tx.delete(&t, k).map(|_| ())
+                            } else {
+                                tx.insert(&t, k, enc(8))
+                            }
+                        })
+                    })
+                };
+                std::thread::sleep(Duration::from_millis(20));
+                let b = tx.get(&t, k).expect("second get");
+                let committed = reader_committed(&o, tx.commit(), &what);
+                writer
+                    .join()
+                    .expect("writer thread")
+                    .expect("writer committed eventually");
+                let case = format!(
+                    "{what}: key {k} {}",
+                    if present { "deleted" } else { "inserted" }
+                );
+                assert_eq!(a.is_some(), present, "{case}: first get");
+                if committed {
+                    assert_eq!(a, b, "{case}: PHANTOM: the two gets differ");
+                }
+                let after = db.run(|tx| tx.get(&t, k)).expect("read after");
+                assert_eq!(
+                    after.is_some(),
+                    !present,
+                    "{case}: the writer's change is missing"
+                );
+            }
+        }
+    }
+}

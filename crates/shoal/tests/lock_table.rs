@@ -83,7 +83,7 @@ fn hot_keys(policy: DeadlockPolicy, threads: usize, iters: usize, keys: usize, p
                 let mut rng = rand::rngs::StdRng::seed_from_u64(i as u64);
                 barrier.wait();
                 for _ in 0..iters {
-                    let txn = next_txn.fetch_add(1, SeqCst);
+                    let mut txn = next_txn.fetch_add(1, SeqCst);
                     let k = rng.gen_range(0..keys);
                     let mode = if rng.gen_bool(p_x) {
                         LockMode::X
@@ -93,7 +93,8 @@ fn hot_keys(policy: DeadlockPolicy, threads: usize, iters: usize, keys: usize, p
                     let id = key(k);
                     if t.try_lock(txn, &id, mode).is_err() {
                         waits.fetch_add(1, SeqCst);
-                        let mut txn = txn;
+                        // A retry after a false deadlock runs under a new id, and the
+                        // unlock below must use that id.
                         loop {
                             match t.lock(txn, &id, mode, LONG) {
                                 Ok(m) => {

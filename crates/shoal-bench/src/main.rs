@@ -13,6 +13,7 @@ mod dist;
 mod engine_opts;
 mod harness;
 mod html;
+mod recover;
 mod report;
 mod rss;
 mod sweep;
@@ -56,6 +57,17 @@ enum Command {
         /// The results directory.
         #[arg(default_value = "results")]
         dir: PathBuf,
+    },
+
+    /// Open (and so recover) the database in DIR and report recovery speed: checkpoint rows
+    /// loaded, log records replayed, wall time, records per second. Checks TPC-B balances
+    /// if DIR holds a TPC-B database (as left by `shoal bench tpcb --db DIR --log async`).
+    Recover {
+        /// The database directory.
+        dir: PathBuf,
+        /// Also count the rows of every table.
+        #[arg(long)]
+        tables: bool,
     },
 }
 
@@ -463,6 +475,7 @@ fn main() -> ExitCode {
     let res = match &cli.command {
         Command::Bench(args) => bench(args),
         Command::Report { dir } => html::build(dir).map(|p| println!("wrote {}", p.display())),
+        Command::Recover { dir, tables } => recover::run(dir, *tables),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

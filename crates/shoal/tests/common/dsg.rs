@@ -16,6 +16,13 @@
 //! version order that is not a chain (two committed writers overwrote the same version: a
 //! lost update).
 //!
+//! Split (commutative) operations: a transaction may instead ADD a distinct power of two to a
+//! counter key ([`TxnRecord::adds`], blind: it does not read the counter), and others read the
+//! counter's whole value ([`TxnRecord::sums`]): the set bits name exactly the adders whose
+//! ADD the reader saw. Adds commute, so adders get no edges among themselves; an adder whose
+//! bit a reader saw precedes the reader (`wr`), an adder whose bit it did not see follows it
+//! (`rw`). A bit no committed transaction added is an aborted read (G1a).
+//!
 //! Absent keys read as [`Version::INITIAL`]; scans record a read of every key of the test's
 //! key space inside the range, absent keys included (the item-level form of a predicate read
 //! when keys are never deleted).
@@ -85,6 +92,10 @@ pub struct TxnRecord {
     /// Writes: key, version written, version overwritten (may be this transaction's own
     /// earlier version), in order.
     pub writes: Vec<(Key, Version, Version)>,
+    /// Blind commutative adds: counter key, and the bit (0..63) this transaction added.
+    pub adds: Vec<(Key, u32)>,
+    /// Reads of a counter key: the value seen (a set of adders' bits).
+    pub sums: Vec<(Key, u64)>,
 }
 
 impl TxnRecord {
@@ -98,6 +109,16 @@ impl TxnRecord {
     /// Records a read (builder style, for hand-made histories).
     pub fn r(mut self, key: &str, v: Version) -> TxnRecord {
         self.reads.push((key.to_string(), v));
+        self
+    }
+    /// Records a blind commutative add of `bit` to counter `key` (builder style).
+    pub fn add(mut self, key: &str, bit: u32) -> TxnRecord {
+        self.adds.push((key.to_string(), bit));
+        self
+    }
+    /// Records a read of counter `key` that saw `value` (builder style).
+    pub fn sum(mut self, key: &str, value: u64) -> TxnRecord {
+        self.sums.push((key.to_string(), value));
         self
     }
     /// Records a write of `new` over `old` (builder style).
@@ -352,7 +373,71 @@ impl History {
                 }
             }
         }
+        self.commutative_edges(&mut edges)?;
         Ok(edges)
+    }
+
+    /// The edges of blind commutative adds and the reads of their counters.
+    fn commutative_edges(&self, edges: &mut Vec<Edge>) -> Result<(), Violation> {
+        let bit_version = |b: u32| Version { writer: 0, seq: b };
+        let mut adder: HashMap<(&str, u32), TxnId> = HashMap::new();
+        let mut by_key: HashMap<&str, Vec<(u32, TxnId)>> = HashMap::new();
+        for t in &self.txns {
+            for (k, b) in &t.adds {
+                assert!(*b < 64, "T{}: bit {b} of {k} out of range", t.id);
+                if let Some(other) = adder.insert((k.as_str(), *b), t.id) {
+                    return Err(Violation::ForkedVersion {
+                        key: k.clone(),
+                        version: bit_version(*b),
+                        writers: (other, t.id),
+                    });
+                }
+                by_key.entry(k.as_str()).or_default().push((*b, t.id));
+            }
+        }
+        for t in &self.txns {
+            for (k, seen) in &t.sums {
+                for b in (0..64).filter(|b| seen & (1 << b) != 0) {
+                    if !adder.contains_key(&(k.as_str(), b)) {
+                        return Err(Violation::AbortedRead {
+                            reader: t.id,
+                            key: k.clone(),
+                            version: bit_version(b),
+                        });
+                    }
+                }
+                for &(b, a) in by_key.get(k.as_str()).map_or(&[][..], |v| v) {
+                    if a == t.id {
+                        continue;
+                    }
+                    let (from, to, dep) = if seen & (1 << b) != 0 {
+                        (a, t.id, Dep::WR)
+                    } else {
+                        (t.id, a, Dep::RW)
+                    };
+                    edges.push(Edge {
+                        from,
+                        to,
+                        dep,
+                        key: k.clone(),
+                        version: Version { writer: a, seq: b },
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The final value of every counter key the history added to: the OR (= sum) of its
+    /// committed adders' bits.
+    pub fn final_sums(&self) -> HashMap<Key, u64> {
+        let mut out: HashMap<Key, u64> = HashMap::new();
+        for t in &self.txns {
+            for (k, b) in &t.adds {
+                *out.entry(k.clone()).or_default() |= 1 << b;
+            }
+        }
+        out
     }
 
     /// The last version of every key the history wrote: the versions no committed write
@@ -444,6 +529,12 @@ impl History {
                     }
                     for (k, new, old) in &t.writes {
                         msg.push_str(&format!("w({k}: {old}->{new}) "));
+                    }
+                    for (k, b) in &t.adds {
+                        msg.push_str(&format!("add({k}, bit {b}) "));
+                    }
+                    for (k, seen) in &t.sums {
+                        msg.push_str(&format!("sum({k}={seen:#x}) "));
                     }
                     msg.push('\n');
                 }

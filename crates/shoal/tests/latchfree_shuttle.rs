@@ -89,6 +89,10 @@ fn small_table() -> Arc<LatchFreeLockTable> {
             retire_batch: 1,
             // Reclaimed entries stay allocated (poisoned), so a walk reaching one is caught.
             free_cap: 1 << 20,
+            // Every lock-head creation sweeps both buckets: idle heads are killed and
+            // unlinked all the time, racing with lookups and appends.
+            sweep_every: 1,
+            sweep_buckets: 2,
         },
     ))
 }

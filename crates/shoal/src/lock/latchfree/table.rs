@@ -76,6 +76,9 @@ pub struct Params {
     pub sweep_every: usize,
     /// Buckets a sweep step visits: it kills and unlinks the idle lock heads there.
     pub sweep_buckets: usize,
+    /// Testing aid: reclaimed lock heads are poisoned and kept allocated until the table is
+    /// dropped, rather than freed, so that reaching one trips a debug assertion.
+    pub poison_heads: bool,
 }
 
 impl Default for Params {
@@ -88,6 +91,7 @@ impl Default for Params {
             free_cap: FREE_CAP,
             sweep_every: SWEEP_EVERY,
             sweep_buckets: SWEEP_BUCKETS,
+            poison_heads: false,
         }
     }
 }
@@ -189,11 +193,22 @@ struct LockHead {
     tail: AtomicPtr<Entry>,
     /// Early-lock-release tag; folded into the bucket's tag floor when the head is killed.
     tag: AtomicU64,
+    /// Set when the head is reclaimed but kept allocated ([`Params::poison_heads`]).
+    poison: AtomicU32,
 }
 
 impl LockHead {
     fn is_dead(&self) -> bool {
+        self.check();
         is_marked(self.tail.load(SeqCst))
+    }
+
+    /// Debug check that the head was not reclaimed (see [`Params::poison_heads`]).
+    fn check(&self) {
+        debug_assert!(
+            self.poison.load(SeqCst) == 0,
+            "reached a reclaimed lock head"
+        );
     }
 }
 
@@ -206,6 +221,8 @@ struct SlotLocal {
     heads: Vec<(u64, *mut LockHead)>,
     /// Lock heads this slot created since its last sweep step.
     created: usize,
+    /// Reclaimed lock heads kept allocated and poisoned ([`Params::poison_heads`]).
+    graveyard: Vec<*mut LockHead>,
     /// Reclaimed entries ready for reuse.
     free: Vec<*mut Entry>,
     /// Bag size at which the next reclamation attempt runs (a failed attempt, with the
@@ -575,8 +592,13 @@ impl LatchFreeLockTable {
                     self.allocated.fetch_sub(1, SeqCst);
                 }
             }
-            drop(h);
             self.heads.fetch_sub(1, SeqCst);
+            if self.params.poison_heads {
+                h.poison.store(1, SeqCst);
+                local.graveyard.push(Box::into_raw(h));
+            } else {
+                drop(h);
+            }
         }
         let mut i = 0;
         while i < local.bag.len() {
@@ -753,6 +775,7 @@ impl LatchFreeLockTable {
                             first: AtomicPtr::new(ptr::null_mut()),
                             tail: AtomicPtr::new(ptr::null_mut()),
                             tag: AtomicU64::new(0),
+                            poison: AtomicU32::new(0),
                         }));
                     }
                     if link
@@ -795,6 +818,7 @@ impl LatchFreeLockTable {
             while !cur.is_null() {
                 // SAFETY: reached from a bucket while pinned: not freed before we unpin.
                 let h = unsafe { &*cur };
+                h.check();
                 f(h);
                 cur = unmarked(h.next.load(SeqCst));
             }
@@ -816,6 +840,7 @@ impl LatchFreeLockTable {
             }
             backoff(&mut step);
         };
+        h.check();
         if old.is_null() {
             h.first.store(e, SeqCst);
         } else {
@@ -830,6 +855,7 @@ impl LatchFreeLockTable {
     /// for a half-linked tail to be linked (Jung Fig. 5), so every entry appended before the
     /// walk reached the end is visited.
     fn walk(&self, h: &LockHead, mut f: impl FnMut(&Entry) -> bool) {
+        h.check();
         let mut step = 0;
         let mut cur = h.first.load(SeqCst);
         while cur.is_null() {
@@ -873,6 +899,7 @@ impl LatchFreeLockTable {
     /// is never unlinked, so unlinking never races with an append (which only writes a null
     /// `next`). Jung §4.5 advances only the list head; this also cleans the middle.
     fn walk_clean(&self, g: &Guard<'_>, h: &LockHead, mut f: impl FnMut(&Entry)) {
+        h.check();
         let mut step = 0;
         let mut link: &AtomicPtr<Entry> = &h.first;
         let mut cur = h.first.load(SeqCst);
@@ -1332,7 +1359,13 @@ impl Drop for LatchFreeLockTable {
         let mut heads = Vec::new();
         self.for_each_head(|h| heads.push(h as *const LockHead as *mut LockHead));
         for s in self.slots.iter_mut() {
-            heads.extend(s.local.get_mut().heads.drain(..).map(|(_, h)| h));
+            let local = s.local.get_mut();
+            heads.extend(local.heads.drain(..).map(|(_, h)| h));
+            for h in local.graveyard.drain(..) {
+                // SAFETY: a reclaimed head kept allocated: owned by the graveyard only (its
+                // entries were recycled when it was reclaimed).
+                drop(unsafe { Box::from_raw(h) });
+            }
         }
         for hp in heads {
             // SAFETY: `&mut self`: no other thread uses the table; every lock head came from

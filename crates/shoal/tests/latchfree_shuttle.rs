@@ -9,7 +9,13 @@
 //! Scenarios: acquire/release races on one lock (exclusive, and a conversion racing a new
 //! request), no lost wake-up (a waiter racing the releaser; and a withdrawn try_lock), and
 //! reclamation with the smallest batches (every unlink triggers a reclamation attempt): a walk
-//! that reaches a reclaimed entry trips the poison assertion in `walk`.
+//! that reaches a reclaimed entry trips the poison assertion in `walk`. Lock-head
+//! reclamation: every head creation sweeps the (two) buckets and a reclaimer thread kills and
+//! unlinks idle heads while others acquire, wait on, convert and release the same ids (no lost
+//! request: a waiter on a killed head would never be woken, which shuttle reports as a
+//! deadlock; mutual exclusion: a request appended to a dead head while a new head for the
+//! same id is granted shows up in the in-section counter), and reaching a reclaimed head trips
+//! its poison assertion; early-lock-release tags survive their head.
 
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering::SeqCst};
 use std::sync::Arc;
@@ -89,6 +95,12 @@ fn small_table() -> Arc<LatchFreeLockTable> {
             retire_batch: 1,
             // Reclaimed entries stay allocated (poisoned), so a walk reaching one is caught.
             free_cap: 1 << 20,
+            // Every lock-head creation sweeps both buckets: idle heads are killed and
+            // unlinked all the time, racing with lookups and appends.
+            sweep_every: 1,
+            sweep_buckets: 2,
+            // Reclaimed lock heads stay allocated (poisoned), so reaching one is caught.
+            poison_heads: true,
         },
     ))
 }
@@ -288,4 +300,241 @@ fn shuttle_reclamation_never_frees_reachable_entry() {
         },
         ITERATIONS,
     );
+}
+
+/// Kills and unlinks every idle lock head (bulk reclamation, with a full sweep) a few times.
+fn reclaimer(t: &Arc<LatchFreeLockTable>, rounds: usize) -> thread::JoinHandle<()> {
+    let t = t.clone();
+    thread::spawn(move || {
+        for _ in 0..rounds {
+            t.reclaim();
+            thread::yield_now();
+        }
+    })
+}
+
+#[test]
+fn shuttle_head_unlink_races_acquire() {
+    shuttle::check_random(
+        || {
+            // Two lockers on one hot id (X, and S converted to X) and fresh ids (each creation
+            // sweeps: kills the idle heads it finds), a try_lock prober, and a reclaimer.
+            let t = small_table();
+            let c = Arc::new(AtomicI64::new(0));
+            let hs: Vec<_> = (0..2u64)
+                .map(|i| {
+                    let (t, c) = (t.clone(), c.clone());
+                    thread::spawn(move || {
+                        for round in 0..2u64 {
+                            let txn = 10 * round + i + 1;
+                            if i == 0 {
+                                assert_eq!(t.lock(txn, &key(1), X, LONG), Ok(X));
+                                section(&c, X);
+                            } else {
+                                assert_eq!(t.lock(txn, &key(1), S, LONG), Ok(S));
+                                assert!(c.fetch_add(1, SeqCst) < WRITER);
+                                c.fetch_sub(1, SeqCst);
+                                assert_eq!(t.lock(txn, &key(1), X, LONG), Ok(X));
+                                section(&c, X);
+                            }
+                            let fresh = key(10 + 2 * round as u8 + i as u8);
+                            assert_eq!(t.lock(txn, &fresh, X, LONG), Ok(X));
+                            for k in [key(1), fresh.clone()] {
+                                assert_eq!(t.held_mode(txn, &k), X, "request lost with its head");
+                            }
+                            t.unlock(txn, &key(1));
+                            t.unlock(txn, &fresh);
+                        }
+                    })
+                })
+                .collect();
+            let prober = {
+                let (t, c) = (t.clone(), c.clone());
+                thread::spawn(move || {
+                    for txn in 900..902 {
+                        if t.try_lock(txn, &key(1), X) == Ok(X) {
+                            section(&c, X);
+                            t.unlock(txn, &key(1));
+                        }
+                    }
+                })
+            };
+            let r = reclaimer(&t, 2);
+            for h in hs {
+                h.join().unwrap();
+            }
+            prober.join().unwrap();
+            r.join().unwrap();
+            assert!(t.is_free(&key(1)));
+            assert_eq!(t.queue_count(), 0);
+            // Quiescent: every head is idle, so a bulk reclamation frees them all.
+            t.reclaim();
+            assert_eq!(t.allocated_heads(), 0);
+            assert_eq!(t.lock_heads(), 0);
+        },
+        ITERATIONS,
+    );
+}
+
+#[test]
+fn shuttle_waiter_keeps_its_head() {
+    shuttle::check_random(
+        || {
+            // Waiters park unpinned on a head whose other requests become obsolete; the
+            // reclaimer must not kill it under them (they would never be woken).
+            let t = small_table();
+            t.lock(1, &key(1), X, LONG).unwrap();
+            let released = Arc::new(AtomicBool::new(false));
+            let hs: Vec<_> = [(2, X), (3, S)]
+                .into_iter()
+                .map(|(txn, mode)| {
+                    let (t, released) = (t.clone(), released.clone());
+                    thread::spawn(move || {
+                        assert_eq!(t.lock(txn, &key(1), mode, LONG), Ok(mode));
+                        assert!(released.load(SeqCst));
+                        t.unlock(txn, &key(1));
+                    })
+                })
+                .collect();
+            let r = reclaimer(&t, 3);
+            thread::yield_now();
+            released.store(true, SeqCst);
+            t.unlock(1, &key(1));
+            // A fresh id in the same buckets: its creation sweeps too.
+            t.lock(1, &key(2), X, LONG).unwrap();
+            t.unlock(1, &key(2));
+            for h in hs {
+                h.join().unwrap();
+            }
+            r.join().unwrap();
+            assert!(t.is_free(&key(1)));
+            t.reclaim();
+            assert_eq!(t.allocated_heads(), 0);
+        },
+        ITERATIONS,
+    );
+}
+
+#[test]
+fn shuttle_head_reclamation_never_frees_reachable_head() {
+    shuttle::check_random(
+        || {
+            // Readers look ids up (lookups help unlink dead heads) while lockers churn over
+            // four ids in two buckets and the reclaimer kills the idle heads: reaching a
+            // reclaimed head or entry trips a poison assertion. Tags survive their head.
+            let t = small_table();
+            let tagged = Arc::new(AtomicBool::new(false));
+            let hs: Vec<_> = (0..2u64)
+                .map(|i| {
+                    let (t, tagged) = (t.clone(), tagged.clone());
+                    thread::spawn(move || {
+                        for round in 0..2u64 {
+                            let txn = 100 * i + round + 1;
+                            let k = key((2 * i + round) as u8);
+                            t.lock(txn, &k, X, LONG).unwrap();
+                            t.lock(txn, &key(7), S, LONG).unwrap();
+                            t.unlock(txn, &key(7));
+                            if i == 0 && round == 0 {
+                                t.unlock_tagged(txn, &k, 42);
+                                tagged.store(true, SeqCst);
+                            } else {
+                                t.unlock(txn, &k);
+                            }
+                        }
+                    })
+                })
+                .collect();
+            let reader = {
+                let (t, tagged) = (t.clone(), tagged.clone());
+                thread::spawn(move || {
+                    for k in 0..4 {
+                        let seen = tagged.load(SeqCst);
+                        let tag = t.tag(&key(0));
+                        assert!(!seen || tag >= 42, "a tag was lost with its lock head");
+                        let _ = t.is_free(&key(k));
+                        let _ = t.waiters(&key(7));
+                        let _ = t.held_mode(1, &key(k));
+                    }
+                })
+            };
+            let r = reclaimer(&t, 2);
+            for h in hs {
+                h.join().unwrap();
+            }
+            reader.join().unwrap();
+            r.join().unwrap();
+            assert_eq!(t.queue_count(), 0);
+            t.reclaim();
+            assert_eq!(t.allocated_heads(), 0);
+            assert!(t.tag(&key(0)) >= 42, "the tag outlives its lock head");
+        },
+        ITERATIONS,
+    );
+}
+
+#[test]
+fn shuttle_kill_races_append() {
+    let scenario = || {
+        // The smallest race of an append with a kill of the same head: two exclusive
+        // lockers of one id and a reclaimer; a request appended to a head killed meanwhile
+        // would be granted beside the holder of a new head for the id.
+        let t = small_table();
+        let c = Arc::new(AtomicI64::new(0));
+        let hs: Vec<_> = (1..=2u64)
+            .map(|txn| {
+                let (t, c) = (t.clone(), c.clone());
+                thread::spawn(move || {
+                    assert_eq!(t.lock(txn, &key(1), X, LONG), Ok(X));
+                    // The request is on the id's (one) live head.
+                    assert_eq!(t.held_mode(txn, &key(1)), X, "request lost with its head");
+                    section(&c, X);
+                    t.unlock(txn, &key(1));
+                })
+            })
+            .collect();
+        let r = reclaimer(&t, 2);
+        for h in hs {
+            h.join().unwrap();
+        }
+        r.join().unwrap();
+        t.reclaim();
+        assert_eq!(t.allocated_heads(), 0);
+    };
+    shuttle::check_random(scenario, ITERATIONS);
+    shuttle::check_pct(scenario, ITERATIONS, 3);
+}
+
+#[test]
+fn shuttle_kill_races_release_and_lookup() {
+    let scenario = || {
+        // A release goes on walking its head after its request became obsolete (the wake-up
+        // pass), and a lookup may stand on a head, while the reclaimer kills, unlinks and
+        // reclaims idle heads: reaching a reclaimed head trips its poison assertion.
+        let t = small_table();
+        let locker = {
+            let t = t.clone();
+            thread::spawn(move || {
+                for txn in 1..=2 {
+                    t.lock(txn, &key(1), X, LONG).unwrap();
+                    t.unlock(txn, &key(1));
+                }
+            })
+        };
+        let reader = {
+            let t = t.clone();
+            thread::spawn(move || {
+                for _ in 0..2 {
+                    let _ = t.is_free(&key(1));
+                }
+            })
+        };
+        let r = reclaimer(&t, 3);
+        locker.join().unwrap();
+        reader.join().unwrap();
+        r.join().unwrap();
+        t.reclaim();
+        assert_eq!(t.allocated_heads(), 0);
+    };
+    shuttle::check_random(scenario, ITERATIONS);
+    shuttle::check_pct(scenario, ITERATIONS, 3);
 }

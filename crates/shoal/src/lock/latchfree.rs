@@ -6,9 +6,10 @@
 //!
 //! * A lock hash table of [`BUCKETS`] buckets, fixed size. A bucket is the head of a latch-free
 //!   singly linked list of **lock heads**, one per [`LockId`], appended with a CAS on the last
-//!   `next` pointer. Lock heads are never unlinked: they live as long as the table.
+//!   `next` pointer. Idle lock heads are killed, unlinked and reclaimed (see *Memory* below).
 //! * Each lock head holds a latch-free list of **request entries** in arrival order, appended
-//!   as in Fig. 4: swap the list's tail pointer (`atomic_fetch_and_store`), then link the old
+//!   as in Fig. 4: replace the list's tail pointer (with a CAS rather than the paper's
+//!   `atomic_fetch_and_store`, so that an append fails on a dead lock head), then link the old
 //!   tail to the new entry. A traversal that meets a half-linked tail (a `next` of null on an
 //!   entry that is no longer the tail) waits until it is linked (Fig. 5), so every entry
 //!   appended before a traversal reaches the end is seen.
@@ -83,13 +84,33 @@
 //! [`LatchFreeLockTable::reclaim`] runs a bulk reclamation over all idle slots (what a
 //! background de-allocator would call; the tests use it at quiescent points). A waiter
 //! leaves its slot while parked; its own entry (live, so never unlinked) and its lock head
-//! (never freed) stay valid.
+//! (which has a live entry, so is never killed) stay valid.
 //!
-//! *Deviations and limits:* lock heads are never reclaimed, so memory grows with the number of
-//! distinct lock names ever used (entries stay bounded, and each lock head keeps at most its
-//! last entry once idle); there is no background allocator thread (allocation is in bulk on
+//! **Lock heads** (*extension:* the paper does not reclaim them; without it memory grows with
+//! the number of distinct lock names ever used, e.g. inserted rows) are reclaimed lazily in
+//! bulk. A **sweep** visits the buckets in turn ([`SWEEP_BUCKETS`] buckets every
+//! [`SWEEP_EVERY`] lock heads a slot creates, and all of them in
+//! [`LatchFreeLockTable::reclaim`]) and **kills** every lock head whose requests are all
+//! obsolete: it reads the tail, checks every entry up to it, and CASes the tail to its marked
+//! value. Appenders CAS the tail as well and fail on a marked one, so of a kill and an
+//! append exactly one wins: an append either lands before the kill (whose CAS then fails) or
+//! finds the head dead and looks the id up again; no request is lost. Obsolete is final for
+//! an entry, so a head with a live (granted or waiting) entry is never killed. Lookups skip
+//! dead heads (a new lock head for the id is appended at the end of the bucket; at most one
+//! is live per id), and every traversal helps unlink dead heads as in Michael's list: mark
+//! the dead head's `next` (frozen: nothing is appended after it or unlinked through it any
+//! more), then CAS the predecessor's unmarked link. The thread whose CAS unlinks a head
+//! retires it into its slot's bag, and it is freed with the entries still on its list under
+//! the same epoch condition as entries. A killed head's early-lock-release tag is first
+//! folded into a per-stripe floor of buckets, which `tag` includes (the trait allows a tag
+//! shared with other resources).
+//!
+//! *Deviations and limits:* there is no background allocator thread (allocation is in bulk on
 //! demand); a reclamation batch waits while some operation stays pinned (e.g. a descheduled
-//! thread), so the bound on entries is per slot and not strict in time.
+//! thread), so the bounds on entries and lock heads are per slot and not strict in time; an
+//! idle lock head lives until the sweep next passes its bucket (at most a full sweep, i.e.
+//! `BUCKETS / SWEEP_BUCKETS * SWEEP_EVERY` head creations of the table), and a hot lock head
+//! found idle by the sweep is killed and recreated by its next request.
 //!
 //! # Model checking
 //!
@@ -112,5 +133,5 @@ use super::{DeadlockPolicy, LockFailure, LockId, LockMode, LockTable, TxnId};
 
 pub use table::{
     LatchFreeLockTable, Params, ALLOC_BATCH, BUCKETS, DEADLOCK_RECHECK, FREE_CAP, RETIRE_BATCH,
-    SLOTS, WAIT_REGISTRY,
+    SLOTS, SWEEP_BUCKETS, SWEEP_EVERY, WAIT_REGISTRY,
 };

@@ -30,6 +30,13 @@ pub const ALLOC_BATCH: usize = 32;
 pub const RETIRE_BATCH: usize = 64;
 /// Free entries a slot keeps for reuse; beyond that reclaimed entries are deallocated.
 pub const FREE_CAP: usize = 128;
+/// Lock heads a slot creates between two sweep steps over the buckets.
+pub const SWEEP_EVERY: usize = 64;
+/// Buckets one sweep step visits (a full sweep of [`BUCKETS`] takes 256 steps, so at most
+/// about `256 * SWEEP_EVERY` idle lock heads per slot accumulate between two visits).
+pub const SWEEP_BUCKETS: usize = 4096;
+/// Stripes of the early-lock-release tag floor (the tags of reclaimed lock heads).
+const TAG_FLOORS: usize = 1024;
 /// How often a blocked request re-runs the deadlock search.
 pub const DEADLOCK_RECHECK: Duration = Duration::from_millis(10);
 /// Poll period of a waiter that runs on another thread than its entry's (see `acquire`).
@@ -65,6 +72,13 @@ pub struct Params {
     pub retire_batch: usize,
     /// Reclaimed entries a slot keeps for reuse; beyond that they are deallocated.
     pub free_cap: usize,
+    /// Lock heads a slot creates between two sweep steps (see [`Params::sweep_buckets`]).
+    pub sweep_every: usize,
+    /// Buckets a sweep step visits: it kills and unlinks the idle lock heads there.
+    pub sweep_buckets: usize,
+    /// Testing aid: reclaimed lock heads are poisoned and kept allocated until the table is
+    /// dropped, rather than freed, so that reaching one trips a debug assertion.
+    pub poison_heads: bool,
 }
 
 impl Default for Params {
@@ -75,6 +89,9 @@ impl Default for Params {
             wait_registry: WAIT_REGISTRY,
             retire_batch: RETIRE_BATCH,
             free_cap: FREE_CAP,
+            sweep_every: SWEEP_EVERY,
+            sweep_buckets: SWEEP_BUCKETS,
+            poison_heads: false,
         }
     }
 }
@@ -91,18 +108,23 @@ fn requested_of(s: u32) -> LockMode {
     LockMode::ALL[((s >> 4) & 0xf) as usize]
 }
 
-/// `p` with the deletion mark (low bit; entries are 8-byte aligned).
-fn marked(p: *mut Entry) -> *mut Entry {
+/// `p` with the deletion mark (low bit; entries and lock heads are 8-byte aligned).
+fn marked<T>(p: *mut T) -> *mut T {
     p.wrapping_byte_add(1)
 }
 
 /// `p` without the deletion mark.
-fn unmarked(p: *mut Entry) -> *mut Entry {
-    if p as usize & 1 == 1 {
+fn unmarked<T>(p: *mut T) -> *mut T {
+    if is_marked(p) {
         p.wrapping_byte_sub(1)
     } else {
         p
     }
+}
+
+/// `p` carries the deletion mark.
+fn is_marked<T>(p: *mut T) -> bool {
+    p as usize & 1 == 1
 }
 
 fn bit(m: LockMode) -> u16 {
@@ -152,17 +174,42 @@ impl Entry {
     }
 }
 
-/// The lock head of one [`LockId`]: an element of a bucket list, never unlinked or freed
-/// before the table is dropped.
+/// The lock head of one [`LockId`]: an element of a bucket list.
+///
+/// A lock head whose requests are all obsolete may be **killed**: its `tail` gets the
+/// deletion mark, with a CAS from the unmarked tail the killer read before checking that every
+/// entry up to it is obsolete. Appenders CAS the tail too and give up on a marked one, so a
+/// dead head never gets a request; lookups skip it. Then its `next` is marked (frozen) and it
+/// is unlinked from the bucket list as in Michael's list, and retired like an entry: freed,
+/// with the entries still on its list, once no pinned operation can reach it.
 struct LockHead {
     id: LockId,
+    /// Next lock head of the bucket; marked once this head is dead and about to be unlinked.
     next: AtomicPtr<LockHead>,
     /// First entry of the request list (null only before the first append completes).
     first: AtomicPtr<Entry>,
-    /// Last appended entry (Jung Fig. 4: swapped by appenders, then the old tail is linked).
+    /// Last appended entry (Jung Fig. 4: CAS'd by appenders, then the old tail is linked);
+    /// marked when the head is dead.
     tail: AtomicPtr<Entry>,
-    /// Early-lock-release tag; lives as long as the lock head, i.e. as long as the table.
+    /// Early-lock-release tag; folded into the bucket's tag floor when the head is killed.
     tag: AtomicU64,
+    /// Set when the head is reclaimed but kept allocated ([`Params::poison_heads`]).
+    poison: AtomicU32,
+}
+
+impl LockHead {
+    fn is_dead(&self) -> bool {
+        self.check();
+        is_marked(self.tail.load(SeqCst))
+    }
+
+    /// Debug check that the head was not reclaimed (see [`Params::poison_heads`]).
+    fn check(&self) {
+        debug_assert!(
+            self.poison.load(SeqCst) == 0,
+            "reached a reclaimed lock head"
+        );
+    }
 }
 
 /// Per-slot state only the thread that pinned the slot touches.
@@ -170,6 +217,12 @@ struct LockHead {
 struct SlotLocal {
     /// Unlinked entries with the global epoch at their retirement.
     bag: Vec<(u64, *mut Entry)>,
+    /// Unlinked (dead) lock heads with the global epoch at their retirement.
+    heads: Vec<(u64, *mut LockHead)>,
+    /// Lock heads this slot created since its last sweep step.
+    created: usize,
+    /// Reclaimed lock heads kept allocated and poisoned ([`Params::poison_heads`]).
+    graveyard: Vec<*mut LockHead>,
     /// Reclaimed entries ready for reuse.
     free: Vec<*mut Entry>,
     /// Bag size at which the next reclamation attempt runs (a failed attempt, with the
@@ -186,7 +239,7 @@ struct Slot {
 
 // SAFETY: `local` is only accessed by the thread that claimed the slot with a successful CAS
 // of `pin` from 0 (or by `Drop`, which has `&mut`), so it is never accessed concurrently; the
-// raw entry pointers it stores are owned by the table.
+// raw entry and lock-head pointers it stores are owned by the table.
 unsafe impl Sync for Slot {}
 // SAFETY: as above; the pointers in `local` refer to heap entries owned by the table.
 unsafe impl Send for Slot {}
@@ -239,6 +292,16 @@ impl Drop for Guard<'_> {
     }
 }
 
+/// What a bucket traversal does after looking at a lock head (see `unlink_dead`).
+enum Step {
+    /// The head is live: go on.
+    Next,
+    /// Read the same link again.
+    Reload,
+    /// The link changed under us: start again from the bucket.
+    Restart,
+}
+
 /// Result of checking a request against the others on its lock.
 enum Verdict {
     Grant,
@@ -256,6 +319,13 @@ pub struct LatchFreeLockTable {
     /// Entries of waiting requests, for the waits-for walk of deadlock detection.
     waiting: Box<[AtomicPtr<Entry>]>,
     allocated: AtomicUsize,
+    /// Lock heads allocated: linked (live or dead) or retired.
+    heads: AtomicUsize,
+    /// Where the next sweep step starts (a bucket index, modulo the bucket count).
+    sweep_cursor: AtomicUsize,
+    /// Highest early-lock-release tag of a killed lock head, per stripe of buckets: a tag
+    /// must outlive its lock head.
+    tag_floor: Box<[AtomicU64]>,
     policy: DeadlockPolicy,
     params: Params,
 }
@@ -265,6 +335,7 @@ impl std::fmt::Debug for LatchFreeLockTable {
         f.debug_struct("LatchFreeLockTable")
             .field("policy", &self.policy)
             .field("allocated_entries", &self.allocated_entries())
+            .field("allocated_heads", &self.allocated_heads())
             .finish()
     }
 }
@@ -281,6 +352,8 @@ impl LatchFreeLockTable {
         params.slots = params.slots.max(1);
         params.wait_registry = params.wait_registry.max(1);
         params.retire_batch = params.retire_batch.max(1);
+        params.sweep_every = params.sweep_every.max(1);
+        params.sweep_buckets = params.sweep_buckets.clamp(1, params.buckets);
         LatchFreeLockTable {
             buckets: (0..params.buckets)
                 .map(|_| AtomicPtr::new(ptr::null_mut()))
@@ -298,6 +371,11 @@ impl LatchFreeLockTable {
                 .map(|_| AtomicPtr::new(ptr::null_mut()))
                 .collect(),
             allocated: AtomicUsize::new(0),
+            heads: AtomicUsize::new(0),
+            sweep_cursor: AtomicUsize::new(0),
+            tag_floor: (0..params.buckets.min(TAG_FLOORS))
+                .map(|_| AtomicU64::new(0))
+                .collect(),
             policy,
             params,
         }
@@ -328,17 +406,24 @@ impl LatchFreeLockTable {
         n
     }
 
-    /// Number of lock heads ever created (they live as long as the table).
+    /// Number of lock heads allocated: linked in a bucket (live or dead) or retired and not
+    /// reclaimed yet.
+    pub fn allocated_heads(&self) -> usize {
+        self.heads.load(SeqCst)
+    }
+
+    /// Number of live (not killed) lock heads linked in the buckets.
     pub fn lock_heads(&self) -> usize {
+        let _g = self.pin();
         let mut n = 0;
-        self.for_each_head(|_| n += 1);
+        self.for_each_head(|h| n += usize::from(!h.is_dead()));
         n
     }
 
     /// Number of requests currently waiting on `id`.
     pub fn waiters(&self, id: &LockId) -> usize {
-        let _g = self.pin();
-        let Some(h) = self.find_head(id, false) else {
+        let g = self.pin();
+        let Some(h) = self.find_head(&g, id, false) else {
             return 0;
         };
         let mut n = 0;
@@ -352,8 +437,8 @@ impl LatchFreeLockTable {
 
     /// The mode `txn` currently holds on `id` (`N` if none).
     pub fn held_mode(&self, txn: TxnId, id: &LockId) -> LockMode {
-        let _g = self.pin();
-        self.find_head(id, false)
+        let g = self.pin();
+        self.find_head(&g, id, false)
             .and_then(|h| self.find_entry(h, txn))
             // SAFETY: pinned, so the entry is not recycled while we read it.
             .map_or(LockMode::N, |e| {
@@ -390,6 +475,14 @@ impl LatchFreeLockTable {
     /// would run now and then). Safe to call at any time, concurrently with everything else;
     /// retired entries of a slot are otherwise only reclaimed by operations using that slot.
     pub fn reclaim(&self) {
+        {
+            // Kill and unlink every idle lock head (retired into this guard's slot).
+            let g = self.pin();
+            for b in 0..self.buckets.len() {
+                self.sweep_bucket(&g, b);
+            }
+            g.local().created = 0;
+        }
         for _ in 0..2 {
             self.try_advance();
         }
@@ -404,7 +497,7 @@ impl LatchFreeLockTable {
                 let g = Guard { table: self, slot };
                 self.collect(&g);
                 let local = g.local();
-                local.collect_at = local.bag.len() + self.params.retire_batch;
+                local.collect_at = local.bag.len() + local.heads.len() + self.params.retire_batch;
             }
         }
     }
@@ -415,10 +508,39 @@ impl LatchFreeLockTable {
         let epoch = self.epoch.load(SeqCst);
         let local = g.local();
         local.bag.push((epoch, e));
-        if local.bag.len() >= local.collect_at.max(self.params.retire_batch) {
+        if local.heads.len() + local.bag.len() >= local.collect_at.max(self.params.retire_batch) {
             self.collect(g);
             let local = g.local();
-            local.collect_at = local.bag.len() + self.params.retire_batch;
+            local.collect_at = local.bag.len() + local.heads.len() + self.params.retire_batch;
+        }
+    }
+
+    /// Hands an unlinked lock head to the reclaimer; it is freed, with the entries still on its
+    /// list, once no pinned operation can still reach it.
+    fn retire_head(&self, g: &Guard<'_>, h: *mut LockHead) {
+        let epoch = self.epoch.load(SeqCst);
+        let local = g.local();
+        local.heads.push((epoch, h));
+        if local.heads.len() + local.bag.len() >= local.collect_at.max(self.params.retire_batch) {
+            self.collect(g);
+            let local = g.local();
+            local.collect_at = local.bag.len() + local.heads.len() + self.params.retire_batch;
+        }
+    }
+
+    /// Counts a lock head this slot created; every `sweep_every` of them, runs a sweep step
+    /// over the next `sweep_buckets` buckets.
+    fn created_head(&self, g: &Guard<'_>) {
+        let local = g.local();
+        local.created += 1;
+        if local.created < self.params.sweep_every {
+            return;
+        }
+        local.created = 0;
+        let n = self.params.sweep_buckets;
+        let start = self.sweep_cursor.fetch_add(n, SeqCst);
+        for i in 0..n {
+            self.sweep_bucket(g, start.wrapping_add(i) & (self.buckets.len() - 1));
         }
     }
 
@@ -437,10 +559,47 @@ impl LatchFreeLockTable {
         }
     }
 
-    /// Reclaims the retired entries of this slot that are two epochs old.
+    /// Reclaims the retired entries and lock heads of this slot that are two epochs old.
     fn collect(&self, g: &Guard<'_>) {
         let now = self.try_advance();
         let local = g.local();
+        let mut i = 0;
+        while i < local.heads.len() {
+            let (epoch, hp) = local.heads[i];
+            if epoch + 2 > now {
+                i += 1;
+                continue;
+            }
+            local.heads.swap_remove(i);
+            // SAFETY: `hp` was unlinked from its bucket two epochs ago: no pinned operation can
+            // reach it (nor an entry on its list: entries are reached through their lock
+            // head, or through the waiting registry, which holds live entries only and a dead
+            // head has none), and it came from `Box::into_raw` in `find_head`.
+            let h = unsafe { Box::from_raw(hp) };
+            let mut cur = h.first.load(SeqCst);
+            while !cur.is_null() {
+                // SAFETY: as above, the entries still linked on the list are unreachable;
+                // each is linked once (unlinked ones are in some bag instead).
+                let e = unsafe { &*cur };
+                cur = unmarked(e.next.load(SeqCst));
+                let ep = e as *const Entry as *mut Entry;
+                if local.free.len() < self.params.free_cap {
+                    e.state.store(POISON | OBSOLETE, SeqCst);
+                    local.free.push(ep);
+                } else {
+                    // SAFETY: unreachable (see above), from `Box::into_raw` in `alloc`.
+                    drop(unsafe { Box::from_raw(ep) });
+                    self.allocated.fetch_sub(1, SeqCst);
+                }
+            }
+            self.heads.fetch_sub(1, SeqCst);
+            if self.params.poison_heads {
+                h.poison.store(1, SeqCst);
+                local.graveyard.push(Box::into_raw(h));
+            } else {
+                drop(h);
+            }
+        }
         let mut i = 0;
         while i < local.bag.len() {
             let (epoch, e) = local.bag[i];
@@ -493,70 +652,195 @@ impl LatchFreeLockTable {
 
     // ---- hash table and lists ----
 
-    fn bucket(&self, id: &LockId) -> &AtomicPtr<LockHead> {
+    fn bucket_index(&self, id: &LockId) -> usize {
         let h = FxBuildHasher
             .hash_one(id)
             .wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        &self.buckets[(h >> 32) as usize & (self.buckets.len() - 1)]
+        (h >> 32) as usize & (self.buckets.len() - 1)
     }
 
-    /// The lock head of `id`, appended to its bucket with a CAS if `create` and missing.
-    fn find_head(&self, id: &LockId, create: bool) -> Option<&LockHead> {
-        let mut link = self.bucket(id);
-        let mut fresh: *mut LockHead = ptr::null_mut();
-        loop {
-            let cur = link.load(SeqCst);
-            if cur.is_null() {
-                if !create {
-                    return None;
-                }
-                if fresh.is_null() {
-                    fresh = Box::into_raw(Box::new(LockHead {
-                        id: id.clone(),
-                        next: AtomicPtr::new(ptr::null_mut()),
-                        first: AtomicPtr::new(ptr::null_mut()),
-                        tail: AtomicPtr::new(ptr::null_mut()),
-                        tag: AtomicU64::new(0),
-                    }));
-                }
-                if link
-                    .compare_exchange(ptr::null_mut(), fresh, SeqCst, SeqCst)
-                    .is_ok()
-                {
-                    // SAFETY: just published; lock heads are freed only by `Drop`.
-                    return Some(unsafe { &*fresh });
-                }
-                continue; // someone appended: look at their head
-            }
-            // SAFETY: lock heads are never unlinked or freed before the table is dropped.
-            let h = unsafe { &*cur };
-            if h.id == *id {
-                if !fresh.is_null() {
-                    // SAFETY: `fresh` was never published.
-                    drop(unsafe { Box::from_raw(fresh) });
-                }
-                return Some(h);
-            }
-            link = &h.next;
+    fn tag_floor(&self, bucket: usize) -> &AtomicU64 {
+        &self.tag_floor[bucket % self.tag_floor.len()]
+    }
+
+    /// Helps unlink the lock head `h` = `cur`, read from `link`, if it is dead (Michael's
+    /// list): marks its `next` (so nothing is appended after it or unlinked through it any
+    /// more), then unlinks it with a CAS on `link`, and the thread whose CAS succeeds retires
+    /// it.
+    fn unlink_dead(
+        &self,
+        g: &Guard<'_>,
+        link: &AtomicPtr<LockHead>,
+        cur: *mut LockHead,
+        h: &LockHead,
+    ) -> Step {
+        if !h.is_dead() {
+            return Step::Next;
+        }
+        let next = h.next.load(SeqCst);
+        if !is_marked(next) {
+            // Fails only if `next` changed (an append after `h`, or its successor unlinked):
+            // then try again.
+            let _ = h.next.compare_exchange(next, marked(next), SeqCst, SeqCst);
+            return Step::Reload;
+        }
+        if link
+            .compare_exchange(cur, unmarked(next), SeqCst, SeqCst)
+            .is_ok()
+        {
+            self.retire_head(g, cur);
+            Step::Reload
+        } else {
+            Step::Restart
         }
     }
 
+    /// Kills `h` if every request on it is obsolete: marks its tail with a CAS from the tail
+    /// read before the check, so that no request was appended since (an appender's CAS of the
+    /// tail fails on a marked one). Folds its tag into the bucket's tag floor first.
+    fn try_kill(&self, h: &LockHead, bucket: usize) -> bool {
+        let t = h.tail.load(SeqCst);
+        if t.is_null() || is_marked(t) {
+            // Empty: its creator is about to append. Or already dead.
+            return false;
+        }
+        // An obsolete entry never becomes live again (only a fresh, unlinked one is), so
+        // entries up to `t` found obsolete stay so.
+        let mut idle = true;
+        self.walk(h, |e| {
+            idle &= e.state.load(SeqCst) & OBSOLETE != 0;
+            idle && !ptr::eq(e, t)
+        });
+        if !idle {
+            return false;
+        }
+        // Tags are raised only by the holder of a live entry (before it becomes obsolete), so
+        // the tag is final if the CAS below succeeds. Raised first, so that a lookup that
+        // skips the dead head then reads a floor covering its tag.
+        self.tag_floor(bucket).fetch_max(h.tag.load(SeqCst), SeqCst);
+        h.tail
+            .compare_exchange(t, marked(t), SeqCst, SeqCst)
+            .is_ok()
+    }
+
+    /// Kills the idle lock heads of bucket `b` and unlinks every dead one.
+    fn sweep_bucket(&self, g: &Guard<'_>, b: usize) {
+        let bucket = &self.buckets[b];
+        'restart: loop {
+            let mut link = bucket;
+            loop {
+                let cur = unmarked(link.load(SeqCst));
+                if cur.is_null() {
+                    return;
+                }
+                // SAFETY: reached from the bucket while pinned: not freed before we unpin.
+                let h = unsafe { &*cur };
+                match self.unlink_dead(g, link, cur, h) {
+                    Step::Next => {}
+                    Step::Reload => continue,
+                    Step::Restart => continue 'restart,
+                }
+                if self.try_kill(h, b) {
+                    continue; // unlink it
+                }
+                link = &h.next;
+            }
+        }
+    }
+
+    /// The live lock head of `id`, appended to its bucket with a CAS if `create` and missing.
+    /// Must be pinned (the head stays allocated while the guard lives). Skips dead heads and
+    /// helps unlink them. There is at most one live head per id: a new one is appended only
+    /// by a traversal that reached the end of the bucket without seeing a live one, and a
+    /// dead head never comes back to life.
+    fn find_head(&self, g: &Guard<'_>, id: &LockId, create: bool) -> Option<&LockHead> {
+        let bucket = &self.buckets[self.bucket_index(id)];
+        let mut fresh: *mut LockHead = ptr::null_mut();
+        'restart: loop {
+            let mut link = bucket;
+            loop {
+                let raw = link.load(SeqCst);
+                let cur = unmarked(raw);
+                if cur.is_null() {
+                    if !create {
+                        return None;
+                    }
+                    if is_marked(raw) {
+                        continue 'restart; // the last head is dead: nothing goes after it
+                    }
+                    if fresh.is_null() {
+                        fresh = Box::into_raw(Box::new(LockHead {
+                            id: id.clone(),
+                            next: AtomicPtr::new(ptr::null_mut()),
+                            first: AtomicPtr::new(ptr::null_mut()),
+                            tail: AtomicPtr::new(ptr::null_mut()),
+                            tag: AtomicU64::new(0),
+                            poison: AtomicU32::new(0),
+                        }));
+                    }
+                    if link
+                        .compare_exchange(ptr::null_mut(), fresh, SeqCst, SeqCst)
+                        .is_ok()
+                    {
+                        self.heads.fetch_add(1, SeqCst);
+                        self.created_head(g);
+                        // SAFETY: just published; freed only after being killed (it has no
+                        // request yet, so it is not killed before its creator appends) and
+                        // two epochs after being unlinked, and we are pinned.
+                        return Some(unsafe { &*fresh });
+                    }
+                    continue; // someone appended: look at their head
+                }
+                // SAFETY: reached from the bucket while pinned: not freed before we unpin.
+                let h = unsafe { &*cur };
+                match self.unlink_dead(g, link, cur, h) {
+                    Step::Next => {}
+                    Step::Reload => continue,
+                    Step::Restart => continue 'restart,
+                }
+                if h.id == *id {
+                    if !fresh.is_null() {
+                        // SAFETY: `fresh` was never published.
+                        drop(unsafe { Box::from_raw(fresh) });
+                    }
+                    return Some(h);
+                }
+                link = &h.next;
+            }
+        }
+    }
+
+    /// Visits every lock head linked in a bucket, live or dead. Must be pinned (or own the
+    /// table).
     fn for_each_head(&self, mut f: impl FnMut(&LockHead)) {
         for b in self.buckets.iter() {
-            let mut cur = b.load(SeqCst);
+            let mut cur = unmarked(b.load(SeqCst));
             while !cur.is_null() {
-                // SAFETY: lock heads live as long as the table.
+                // SAFETY: reached from a bucket while pinned: not freed before we unpin.
                 let h = unsafe { &*cur };
+                h.check();
                 f(h);
-                cur = h.next.load(SeqCst);
+                cur = unmarked(h.next.load(SeqCst));
             }
         }
     }
 
-    /// Appends `e` at the tail of `h`'s request list (Jung Fig. 4): swap the tail, then link
+    /// Appends `e` at the tail of `h`'s request list (Jung Fig. 4): CAS the tail, then link
     /// the old tail to `e`. Between the two steps the list is half-linked; `walk` waits.
-    fn append(&self, h: &LockHead, e: *mut Entry) {
-        let old = h.tail.swap(e, SeqCst);
+    /// Fails (returns false, `e` stays unlinked) if `h` is dead: look the head up again.
+    fn append(&self, h: &LockHead, e: *mut Entry) -> bool {
+        let mut step = 0;
+        let old = loop {
+            let t = h.tail.load(SeqCst);
+            if is_marked(t) {
+                return false;
+            }
+            if h.tail.compare_exchange(t, e, SeqCst, SeqCst).is_ok() {
+                break t;
+            }
+            backoff(&mut step);
+        };
+        h.check();
         if old.is_null() {
             h.first.store(e, SeqCst);
         } else {
@@ -564,12 +848,14 @@ impl LatchFreeLockTable {
             // so it is still allocated.
             unsafe { &*old }.next.store(e, SeqCst);
         }
+        true
     }
 
     /// Visits the entries of `h` in list order until `f` returns false. Must be pinned. Waits
     /// for a half-linked tail to be linked (Jung Fig. 5), so every entry appended before the
     /// walk reached the end is visited.
     fn walk(&self, h: &LockHead, mut f: impl FnMut(&Entry) -> bool) {
+        h.check();
         let mut step = 0;
         let mut cur = h.first.load(SeqCst);
         while cur.is_null() {
@@ -595,7 +881,7 @@ impl LatchFreeLockTable {
                 "an entry was reclaimed while a walk stood on it"
             );
             while next.is_null() {
-                if h.tail.load(SeqCst) == cur {
+                if unmarked(h.tail.load(SeqCst)) == cur {
                     return;
                 }
                 backoff(&mut step); // half-linked tail
@@ -613,6 +899,7 @@ impl LatchFreeLockTable {
     /// is never unlinked, so unlinking never races with an append (which only writes a null
     /// `next`). Jung §4.5 advances only the list head; this also cleans the middle.
     fn walk_clean(&self, g: &Guard<'_>, h: &LockHead, mut f: impl FnMut(&Entry)) {
+        h.check();
         let mut step = 0;
         let mut link: &AtomicPtr<Entry> = &h.first;
         let mut cur = h.first.load(SeqCst);
@@ -631,7 +918,7 @@ impl LatchFreeLockTable {
             f(e);
             let mut raw = e.next.load(SeqCst);
             while raw.is_null() {
-                if h.tail.load(SeqCst) == cur {
+                if unmarked(h.tail.load(SeqCst)) == cur {
                     return;
                 }
                 backoff(&mut step); // half-linked tail
@@ -765,7 +1052,9 @@ impl LatchFreeLockTable {
             return Vec::new();
         }
         let (target, new) = (requested_of(s), granted_of(s) == LockMode::N);
-        // SAFETY: lock heads live as long as the table.
+        // SAFETY: `e` was live (not obsolete) when its state was read above, and we were
+        // pinned then: a lock head with a live entry is not killed, so it is retired (if ever)
+        // after that read and stays allocated while we are pinned.
         let h = unsafe { &*e.head.load(SeqCst) };
         let mut out = Vec::new();
         let mut ahead = true;
@@ -856,46 +1145,53 @@ impl LatchFreeLockTable {
         timeout: Option<Duration>,
     ) -> Result<LockMode, LockFailure> {
         let mut guard = self.pin();
-        let Some(h) = self.find_head(id, mode != LockMode::N) else {
-            return Ok(LockMode::N);
-        };
-        let (e, held, target, new) = match self.find_entry(h, txn) {
-            Some(e) => {
-                // SAFETY: our own live entry: only we can make it obsolete.
-                let entry = unsafe { &*e };
-                let s = entry.state.load(SeqCst);
-                debug_assert!(s & WAITING == 0, "one lock call per transaction at a time");
-                let held = granted_of(s);
-                if held.covers(mode) {
-                    return Ok(held);
+        let (h, e, held, target, new) = loop {
+            let Some(h) = self.find_head(&guard, id, mode != LockMode::N) else {
+                return Ok(LockMode::N);
+            };
+            match self.find_entry(h, txn) {
+                Some(e) => {
+                    // SAFETY: our own live entry: only we can make it obsolete.
+                    let entry = unsafe { &*e };
+                    let s = entry.state.load(SeqCst);
+                    debug_assert!(s & WAITING == 0, "one lock call per transaction at a time");
+                    let held = granted_of(s);
+                    if held.covers(mode) {
+                        return Ok(held);
+                    }
+                    let target = held.supremum(mode);
+                    if timeout.is_none()
+                        && !matches!(
+                            self.evaluate(h, e, txn, target, false, false),
+                            Verdict::Grant
+                        )
+                    {
+                        return Err(LockFailure::WouldBlock);
+                    }
+                    entry.state.store(pack(held, target, WAITING), SeqCst);
+                    // Our live entry keeps `h` from being killed.
+                    break (h, e, held, target, false);
                 }
-                let target = held.supremum(mode);
-                if timeout.is_none()
-                    && !matches!(
-                        self.evaluate(h, e, txn, target, false, false),
-                        Verdict::Grant
-                    )
-                {
-                    return Err(LockFailure::WouldBlock);
+                None => {
+                    if mode == LockMode::N {
+                        return Ok(LockMode::N);
+                    }
+                    if timeout.is_none()
+                        && !matches!(
+                            self.evaluate(h, ptr::null(), txn, mode, true, false),
+                            Verdict::Grant
+                        )
+                    {
+                        return Err(LockFailure::WouldBlock);
+                    }
+                    let e = self.alloc(&guard, txn, pack(LockMode::N, mode, WAITING), h);
+                    if self.append(h, e) {
+                        // From now on our live entry keeps `h` from being killed.
+                        break (h, e, LockMode::N, mode, true);
+                    }
+                    // `h` was killed meanwhile: the entry is still ours, unlinked; look again.
+                    guard.local().free.push(e);
                 }
-                entry.state.store(pack(held, target, WAITING), SeqCst);
-                (e, held, target, false)
-            }
-            None => {
-                if mode == LockMode::N {
-                    return Ok(LockMode::N);
-                }
-                if timeout.is_none()
-                    && !matches!(
-                        self.evaluate(h, ptr::null(), txn, mode, true, false),
-                        Verdict::Grant
-                    )
-                {
-                    return Err(LockFailure::WouldBlock);
-                }
-                let e = self.alloc(&guard, txn, pack(LockMode::N, mode, WAITING), h);
-                self.append(h, e);
-                (e, LockMode::N, mode, true)
             }
         };
         // SAFETY: our own live entry.
@@ -987,7 +1283,8 @@ impl LatchFreeLockTable {
                 nap = nap.min(FOREIGN_POLL);
             }
             // Never park pinned: our entry and lock head stay valid without a pin (a live
-            // entry is never unlinked, lock heads are never freed).
+            // entry is never unlinked, a lock head with a live entry is never killed, hence
+            // never unlinked or freed).
             drop(guard);
             park_timeout(nap);
             guard = self.pin();
@@ -1016,7 +1313,7 @@ impl LockTable for LatchFreeLockTable {
 
     fn unlock_tagged(&self, txn: TxnId, id: &LockId, tag: u64) {
         let guard = self.pin();
-        let Some(h) = self.find_head(id, false) else {
+        let Some(h) = self.find_head(&guard, id, false) else {
             return;
         };
         let Some(e) = self.find_entry(h, txn) else {
@@ -1033,8 +1330,8 @@ impl LockTable for LatchFreeLockTable {
     }
 
     fn is_free(&self, id: &LockId) -> bool {
-        let _g = self.pin();
-        let Some(h) = self.find_head(id, false) else {
+        let g = self.pin();
+        let Some(h) = self.find_head(&g, id, false) else {
             return true;
         };
         let mut free = true;
@@ -1046,7 +1343,14 @@ impl LockTable for LatchFreeLockTable {
     }
 
     fn tag(&self, id: &LockId) -> u64 {
-        self.find_head(id, false).map_or(0, |h| h.tag.load(SeqCst))
+        let g = self.pin();
+        let b = self.bucket_index(id);
+        let own = self
+            .find_head(&g, id, false)
+            .map_or(0, |h| h.tag.load(SeqCst));
+        // Read after the lookup: a head killed before the lookup skipped it had its tag
+        // folded into the floor before it was marked dead.
+        own.max(self.tag_floor(b).load(SeqCst))
     }
 }
 
@@ -1054,9 +1358,19 @@ impl Drop for LatchFreeLockTable {
     fn drop(&mut self) {
         let mut heads = Vec::new();
         self.for_each_head(|h| heads.push(h as *const LockHead as *mut LockHead));
+        for s in self.slots.iter_mut() {
+            let local = s.local.get_mut();
+            heads.extend(local.heads.drain(..).map(|(_, h)| h));
+            for h in local.graveyard.drain(..) {
+                // SAFETY: a reclaimed head kept allocated: owned by the graveyard only (its
+                // entries were recycled when it was reclaimed).
+                drop(unsafe { Box::from_raw(h) });
+            }
+        }
         for hp in heads {
             // SAFETY: `&mut self`: no other thread uses the table; every lock head came from
-            // `Box::into_raw` and is visited once.
+            // `Box::into_raw` and is either linked in a bucket or retired in one bag (it is
+            // retired only by the CAS that unlinked it), so it is visited once.
             let h = unsafe { Box::from_raw(hp) };
             let mut cur = h.first.load(SeqCst);
             while !cur.is_null() {

@@ -786,7 +786,9 @@ fn measure<W: Workload>(
                     s.start(now, commits_now(&ctl), p);
                 }
             }
-            if el >= total {
+            // The window ends `duration` after it started (not at warm-up + duration from
+            // the start: on a loaded machine the first tick can come late).
+            if measure_start.is_some_and(|m| now - m >= params.duration) {
                 rss_end_kb = rss::current_kb();
                 ctl.phase.store(STOP, Ordering::Release);
                 if let (Some(s), Some(p)) = (&mut sampler, &ctl.probe) {

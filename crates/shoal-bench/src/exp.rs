@@ -46,7 +46,7 @@ pub struct ExpArgs {
 
     /// Print per-interval lines every SECS seconds in every run (as `shoal bench
     /// --report-interval`).
-    #[arg(long, value_name = "SECS")]
+    #[arg(long, value_name = "SECS", value_parser = crate::interval::parse_interval_secs)]
     pub report_interval: Option<f64>,
 
     /// Hide the progress bars.
@@ -266,9 +266,9 @@ fn e4(quick: bool) -> Vec<Group> {
 
 fn e5(quick: bool) -> Vec<Group> {
     let a = if quick {
-        "--scale 1 --threads 8 --duration 2 --warmup 0.2 --report-interval 0.25"
+        "--scale 1 --threads 6 --duration 2 --warmup 0.2 --report-interval 0.25"
     } else {
-        "--threads 32 --duration 30 --warmup 1 --report-interval 1"
+        "--threads 6 --duration 30 --warmup 1 --report-interval 1"
     };
     vec![group(
         "TPC-B, pipelined log, 10 ms flush",
@@ -703,16 +703,18 @@ fn panels(e: &Experiment, groups: &[Group], done: &[Done]) -> Vec<crate::plot::P
             let mut series: Vec<Series> = Vec::new();
             for (d, label) in done.iter().zip(&labels).filter(|(d, _)| d.group == gi) {
                 let pts: Vec<(XValue, f64)> = if g.x == TIME || m.over_time() {
-                    d.rec
-                        .intervals
-                        .iter()
-                        .map(|i| {
+                    // Commits completed start from 0 at time 0.
+                    let origin = (m == Metric::Completed && !d.rec.intervals.is_empty())
+                        .then_some((XValue::Num(0.0), 0.0));
+                    origin
+                        .into_iter()
+                        .chain(d.rec.intervals.iter().map(|i| {
                             let y = match m {
                                 Metric::IntervalTps => i.tps,
                                 _ => i.total_commits as f64,
                             };
                             (XValue::Num(i.t_s), y)
-                        })
+                        }))
                         .collect()
                 } else {
                     let x = match d.rec.options.get(g.x) {

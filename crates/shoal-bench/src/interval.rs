@@ -55,7 +55,8 @@ impl IntervalArgs {
     }
 }
 
-fn parse_interval_secs(s: &str) -> Result<f64, String> {
+/// Parses an interval length in seconds (0.01 to 3600).
+pub fn parse_interval_secs(s: &str) -> Result<f64, String> {
     let v: f64 = s.trim().parse().map_err(|e| format!("{e}"))?;
     if v.is_finite() && (0.01..=3600.0).contains(&v) {
         Ok(v)

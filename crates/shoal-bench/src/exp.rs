@@ -507,32 +507,19 @@ fn opts(r: &Record) -> BTreeMap<String, String> {
         .collect()
 }
 
-/// The series label of every run: its sweep's label plus the options that vary within its
-/// group (other than x and the seed).
+/// The series label of every run: its sweep's label plus the options that vary among the
+/// runs of its sweep (other than x and the seed).
 fn series_labels(groups: &[Group], done: &[Done]) -> Vec<String> {
-    let mut varying: Vec<Vec<String>> = vec![Vec::new(); groups.len()];
+    let mut varying: BTreeMap<(usize, String), Vec<String>> = BTreeMap::new();
     for (gi, g) in groups.iter().enumerate() {
-        let mine: Vec<BTreeMap<String, String>> = done
-            .iter()
-            .filter(|d| d.group == gi)
-            .map(|d| opts(&d.rec))
-            .collect();
-        let mut keys: Vec<String> = Vec::new();
-        for o in &mine {
-            for k in o.keys() {
-                if !keys.contains(k) {
-                    keys.push(k.clone());
-                }
-            }
+        for r in &g.runs {
+            let mine: Vec<BTreeMap<String, String>> = done
+                .iter()
+                .filter(|d| d.group == gi && d.label == r.label)
+                .map(|d| opts(&d.rec))
+                .collect();
+            varying.insert((gi, r.label.clone()), varying_keys(g, &mine));
         }
-        varying[gi] = keys
-            .into_iter()
-            .filter(|k| k != g.x && k != "seed")
-            .filter(|k| {
-                let first = mine.first().and_then(|o| o.get(k));
-                mine.iter().any(|o| o.get(k) != first)
-            })
-            .collect();
     }
     done.iter()
         .map(|d| {
@@ -541,7 +528,8 @@ fn series_labels(groups: &[Group], done: &[Done]) -> Vec<String> {
             if !d.label.is_empty() {
                 parts.push(d.label.clone());
             }
-            for k in &varying[d.group] {
+            let keys = varying.get(&(d.group, d.label.clone()));
+            for k in keys.into_iter().flatten() {
                 parts.push(format!("{k}={}", o.get(k).map_or("-", String::as_str)));
             }
             if parts.is_empty() {
@@ -549,6 +537,25 @@ fn series_labels(groups: &[Group], done: &[Done]) -> Vec<String> {
             } else {
                 parts.join(" ")
             }
+        })
+        .collect()
+}
+
+/// The options whose values differ among `mine`, other than the group's x and the seed.
+fn varying_keys(g: &Group, mine: &[BTreeMap<String, String>]) -> Vec<String> {
+    let mut keys: Vec<String> = Vec::new();
+    for o in mine {
+        for k in o.keys() {
+            if !keys.contains(k) {
+                keys.push(k.clone());
+            }
+        }
+    }
+    keys.into_iter()
+        .filter(|k| k != g.x && k != "seed")
+        .filter(|k| {
+            let first = mine.first().and_then(|o| o.get(k));
+            mine.iter().any(|o| o.get(k) != first)
         })
         .collect()
 }

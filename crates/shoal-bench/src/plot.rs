@@ -106,7 +106,9 @@ impl XMap {
                 scale: XScale::Log2,
                 ticks: nums.iter().map(|v| (v.log2(), fmt_num(*v))).collect(),
             }
-        } else if few && lo == 0.0 && smallest_pos.is_some_and(|p| hi / p >= 100.0) {
+        } else if nums.len() == 1
+            || (few && lo == 0.0 && smallest_pos.is_some_and(|p| hi / p >= 100.0))
+        {
             XMap {
                 scale: XScale::Categories,
                 ticks: nums
@@ -201,8 +203,8 @@ fn prepared(s: &Series, xm: &XMap, log_y: bool) -> Vec<(f64, f64)> {
     out
 }
 
-const WIDTH: u32 = 1100;
-const LEGEND: u32 = 380;
+const WIDTH: u32 = 1150;
+const LEGEND: u32 = 430;
 const ROW: u32 = 17;
 
 fn err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
@@ -329,8 +331,8 @@ fn draw_panel(root: &Area<'_>, area: &Area<'_>, panel: &Panel) -> anyhow::Result
         legend_area
             .draw(&Rectangle::new([(4, y - 4), (26, y - 1)], color.filled()))
             .map_err(err)?;
-        let name = if s.name.chars().count() > 56 {
-            let mut n: String = s.name.chars().take(55).collect();
+        let name = if s.name.chars().count() > 66 {
+            let mut n: String = s.name.chars().take(65).collect();
             n.push('…');
             n
         } else {
@@ -421,8 +423,15 @@ mod tests {
             log_y: true,
             series: vec![series("none", &[])],
         };
-        assert!(render(&[p]).unwrap().contains("no data"));
+        assert!(render(&[p.clone()]).unwrap().contains("no data"));
         assert!(render(&[]).unwrap().contains("<svg"));
+        // One x value: a category, labelled once.
+        let one = Panel {
+            series: vec![series("one", &[(128.0, 5.0)])],
+            ..p
+        };
+        assert_eq!(XMap::of(&one).scale, XScale::Categories);
+        assert_eq!(render(&[one]).unwrap().matches("\n128\n</text>").count(), 1);
     }
 
     #[test]

@@ -423,7 +423,9 @@ mod tests {
             log_y: true,
             series: vec![series("none", &[])],
         };
-        assert!(render(&[p.clone()]).unwrap().contains("no data"));
+        assert!(render(std::slice::from_ref(&p))
+            .unwrap()
+            .contains("no data"));
         assert!(render(&[]).unwrap().contains("<svg"));
         // One x value: a category, labelled once.
         let one = Panel {

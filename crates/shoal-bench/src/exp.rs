@@ -765,7 +765,126 @@ fn panels(e: &Experiment, groups: &[Group], done: &[Done]) -> Vec<crate::plot::P
 mod tests {
     use super::*;
     use crate::harness;
+    use crate::interval::Sample;
     use crate::sweep::json_name;
+
+    /// The record of a fake run of the `shoal bench` command line `args` (its first planned
+    /// run), with `tps` commits per second over one second and the given samples.
+    fn record(args: &str, tps: u64, intervals: Vec<Sample>) -> Record {
+        let b = parse_bench(&super::args(args)).unwrap();
+        let cfg = harness::plan(&b.sweep()).unwrap().runs.remove(0).0;
+        let stats = harness::RunStats {
+            committed: tps,
+            total_committed: tps,
+            aborts: [1, 0, 0],
+            measured: std::time::Duration::from_secs(1),
+            latency_ns: hdrhistogram::Histogram::new_with_bounds(1, 1 << 40, 3).unwrap(),
+            per_thread: vec![tps],
+            rolled_back: 0,
+            per_type: Vec::new(),
+            rss_start_kb: None,
+            rss_end_kb: None,
+            peak_rss_kb: None,
+            intervals,
+        };
+        let res = harness::RunResult {
+            cfg,
+            stats,
+            check: Ok("fine".into()),
+            db_run: 0,
+            load_s: 0.0,
+        };
+        Record::new(&b.params(), &res)
+    }
+
+    #[test]
+    fn series_name_the_sweep_and_the_options_varying_in_it() {
+        let groups = vec![group(
+            "g",
+            "threads",
+            &[Metric::ThroughputPerThread],
+            true,
+            vec![
+                sweep("insert", "insert"),
+                sweep("payment", "tpcc --mix payment"),
+            ],
+        )];
+        let done: Vec<Done> = [
+            ("insert", "insert --threads 1", 100),
+            ("insert", "insert --threads 4", 200),
+            ("payment", "tpcc --mix payment --cc 2pl --threads 1", 50),
+            ("payment", "tpcc --mix payment --cc occ --threads 4", 80),
+        ]
+        .into_iter()
+        .map(|(label, a, tps)| Done {
+            group: 0,
+            label: label.into(),
+            rec: record(a, tps, Vec::new()),
+        })
+        .collect();
+        let labels = series_labels(&groups, &done);
+        assert_eq!(
+            labels,
+            ["insert", "insert", "payment cc=2pl", "payment cc=occ"]
+        );
+        let e = find("E8").unwrap();
+        let csv = render_csv(e, &groups, &done);
+        let lines: Vec<&str> = csv.lines().collect();
+        assert_eq!(lines.len(), 5, "{csv}");
+        assert!(lines[0].starts_with("experiment,group,series,workload,"));
+        assert!(lines[2].starts_with("E8,g,insert,insert,"), "{csv}");
+        assert!(lines[2].contains(",200,50.0,200,1,1,"), "{csv}");
+        let p = panels(e, &groups, &done);
+        assert_eq!(p.len(), 1);
+        assert_eq!(p[0].series.len(), 3);
+        assert_eq!(p[0].series[0].points.len(), 2);
+        assert_eq!(
+            p[0].series[0].points[1],
+            (crate::plot::XValue::Num(4.0), 50.0)
+        );
+        assert!(render_intervals_csv(e, &groups, &done).is_none());
+    }
+
+    #[test]
+    fn time_panels_plot_the_samples() {
+        let groups = vec![group(
+            "t",
+            TIME,
+            &[Metric::Completed, Metric::IntervalTps],
+            false,
+            vec![sweep("", "tpcb --victim kill-short,kill-long --csv x.csv")],
+        )];
+        let sample = |t_s, total_commits| Sample {
+            t_s,
+            commits: 10,
+            total_commits,
+            tps: 10.0,
+            aborts: 0,
+            p99_us: 1.0,
+        };
+        let done: Vec<Done> = ["kill-short", "kill-long"]
+            .into_iter()
+            .map(|v| Done {
+                group: 0,
+                label: String::new(),
+                rec: record(
+                    &format!("tpcb --victim {v}"),
+                    20,
+                    vec![sample(1.0, 10), sample(2.0, 20)],
+                ),
+            })
+            .collect();
+        let e = find("E5").unwrap();
+        let p = panels(e, &groups, &done);
+        assert_eq!(p.len(), 2);
+        assert_eq!(p[0].series[0].name, "victim=kill-short");
+        // Completed starts at the origin.
+        assert_eq!(p[0].series[0].points.len(), 3);
+        assert_eq!(p[1].series[1].points[1].1, 10.0);
+        let iv = render_intervals_csv(e, &groups, &done).unwrap();
+        assert_eq!(iv.lines().count(), 5, "{iv}");
+        assert!(crate::plot::render(&p).unwrap().contains("<svg"));
+    }
 
     #[test]
     fn registry_entries_parse_into_valid_bench_configurations() {

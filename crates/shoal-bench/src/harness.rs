@@ -128,6 +128,8 @@ pub struct Params {
     pub db_dir: Option<PathBuf>,
     /// Show progress bars (they are hidden anyway when stderr is not a terminal).
     pub progress: bool,
+    /// Per-interval sampling of the measurement window (`--report-interval`, `--csv`).
+    pub sampling: Option<crate::interval::Sampling>,
 }
 
 /// One run's configuration: a sweep point with its values typed.
@@ -371,6 +373,8 @@ pub struct RunStats {
     pub rss_end_kb: Option<u64>,
     /// Peak resident memory (KiB) during the run (the peak is reset at its start).
     pub peak_rss_kb: Option<u64>,
+    /// Per-interval samples of the measurement window (empty unless sampling).
+    pub intervals: Vec<crate::interval::Sample>,
 }
 
 impl RunStats {
@@ -508,6 +512,10 @@ fn run_group(
         WorkloadKind::Insert => run_loaded::<Insert>(params, &db, group, db_key, on_run),
         WorkloadKind::Txbench => run_loaded::<Txbench>(params, &db, group, db_key, on_run),
         WorkloadKind::Intents => run_loaded::<Intents>(params, &db, group, db_key, on_run),
+        WorkloadKind::Tellers => {
+            use crate::workloads::tellers::Tellers;
+            run_loaded::<Tellers>(params, &db, group, db_key, on_run)
+        }
     }
 }
 
@@ -585,6 +593,8 @@ struct Control {
     phase: AtomicU8,
     fatal: Mutex<Option<String>>,
     commits: Vec<Padded>,
+    /// Per-interval sampling's counters and histograms, when sampling.
+    probe: Option<crate::interval::Probe>,
 }
 
 impl Control {
@@ -656,6 +666,9 @@ fn worker<W: Workload>(
                     Some(r) => {
                         if ctl.phase() == MEASURE {
                             out.per_type[kind].aborts[r] += 1;
+                            if let Some(p) = &ctl.probe {
+                                p.abort(thread);
+                            }
                         }
                         if ctl.phase() == STOP {
                             break 'txns;
@@ -683,8 +696,11 @@ fn worker<W: Workload>(
         if ctl.phase() == MEASURE {
             let t = &mut out.per_type[kind];
             t.committed += 1;
-            t.latency_ns
-                .saturating_record(u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX));
+            let ns = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
+            t.latency_ns.saturating_record(ns);
+            if let Some(p) = &ctl.probe {
+                p.commit(thread, ns);
+            }
         }
     }
     out
@@ -706,13 +722,29 @@ fn measure<W: Workload>(
         }),
         fatal: Mutex::new(None),
         commits: (0..cfg.threads).map(|_| Padded::default()).collect(),
+        probe: params
+            .sampling
+            .map(|_| crate::interval::Probe::new(cfg.threads)),
     };
+    let mut sampler = params
+        .sampling
+        .map(|s| crate::interval::Sampler::new(s, &cfg.point));
     let total = params.warmup + params.duration;
-    let pb = bar(
-        params,
-        total.as_secs().max(1),
-        "{prefix} [{bar:30}] {pos}/{len}s {msg}",
-    );
+    let pb = if params.sampling.is_some_and(|s| s.print) {
+        ProgressBar::hidden() // the interval lines replace the bar
+    } else {
+        bar(
+            params,
+            total.as_secs().max(1),
+            "{prefix} [{bar:30}] {pos}/{len}s {msg}",
+        )
+    };
+    let commits_now = |ctl: &Control| -> u64 {
+        ctl.commits
+            .iter()
+            .map(|p| p.0.load(Ordering::Relaxed))
+            .sum()
+    };
     pb.set_prefix(cfg.point.describe());
     rss::reset_peak();
     let rss_start_kb = rss::current_kb();
@@ -735,6 +767,9 @@ fn measure<W: Workload>(
         } else {
             None
         };
+        if let (Some(s), Some(p), Some(t)) = (&mut sampler, &ctl.probe, measure_start) {
+            s.start(t, 0, p);
+        }
         let mut last_tick = start;
         let mut last_commits = 0u64;
         let measured = loop {
@@ -747,11 +782,22 @@ fn measure<W: Workload>(
             if measure_start.is_none() && el >= params.warmup {
                 ctl.phase.store(MEASURE, Ordering::Release);
                 measure_start = Some(now);
+                if let (Some(s), Some(p)) = (&mut sampler, &ctl.probe) {
+                    s.start(now, commits_now(&ctl), p);
+                }
             }
-            if el >= total {
+            // The window ends `duration` after it started (not at warm-up + duration from
+            // the start: on a loaded machine the first tick can come late).
+            if measure_start.is_some_and(|m| now - m >= params.duration) {
                 rss_end_kb = rss::current_kb();
                 ctl.phase.store(STOP, Ordering::Release);
+                if let (Some(s), Some(p)) = (&mut sampler, &ctl.probe) {
+                    s.finish(now, commits_now(&ctl), p);
+                }
                 break now - measure_start.unwrap_or(now);
+            }
+            if let (Some(s), Some(p)) = (&mut sampler, &ctl.probe) {
+                s.tick(now, commits_now(&ctl), p);
             }
             if now - last_tick >= Duration::from_secs(1) {
                 let c: u64 = ctl
@@ -793,6 +839,7 @@ fn measure<W: Workload>(
         rss_start_kb,
         rss_end_kb,
         peak_rss_kb: rss::peak_kb(),
+        intervals: sampler.map(|s| s.samples).unwrap_or_default(),
     };
     for o in outs {
         stats.total_committed += o.total;

@@ -11,8 +11,11 @@
 
 mod dist;
 mod engine_opts;
+mod exp;
 mod harness;
 mod html;
+mod interval;
+mod plot;
 mod recover;
 mod report;
 mod rss;
@@ -50,6 +53,10 @@ enum Command {
     /// skipped with a note. After each run a consistency check verifies the data; if it
     /// fails, the command exits non-zero.
     Bench(BenchArgs),
+
+    /// Run a registered experiment (`shoal exp list` lists them): its `shoal bench` sweeps,
+    /// then write DIR/ID.csv, DIR/ID.json and an SVG plot DIR/ID.svg.
+    Exp(exp::ExpArgs),
 
     /// Build one static HTML page (`DIR/index.html`) with every plot and run table that
     /// `shoal exp` wrote to DIR, plus the machine it ran on. Works offline.
@@ -121,7 +128,8 @@ struct BenchArgs {
     #[arg(long, value_delimiter = ',', value_name = "LIST", default_value = "0", value_parser = parse_ratio)]
     read_ratio: Vec<f64>,
 
-    /// Rows loaded: YCSB records (default 1,000,000), keyrange counters (default 200).
+    /// Rows loaded: YCSB records (default 1,000,000), keyrange counters (default 200),
+    /// tellers' tellers (default 200).
     #[arg(long, value_delimiter = ',', value_name = "LIST",
           value_parser = clap::value_parser!(u64).range(1..=1_000_000_000))]
     records: Option<Vec<u64>>,
@@ -256,6 +264,9 @@ struct BenchArgs {
     /// Hide the progress bars.
     #[arg(long)]
     no_progress: bool,
+
+    #[command(flatten)]
+    interval: interval::IntervalArgs,
 }
 
 fn parse_mix(s: &str) -> Result<String, String> {
@@ -315,6 +326,11 @@ impl BenchArgs {
         }
         if self.workload == WorkloadKind::Keyrange {
             let r = self.records.clone().unwrap_or_else(|| vec![200]);
+            axes.push(Axis::new("records", true, r));
+        }
+        if self.workload == WorkloadKind::Tellers {
+            let r = self.records.clone();
+            let r = r.unwrap_or_else(|| vec![workloads::tellers::DEFAULT_TELLERS]);
             axes.push(Axis::new("records", true, r));
         }
         axes.push(Axis::new("cc", true, self.cc.iter().map(|c| c.name())));
@@ -414,11 +430,24 @@ impl BenchArgs {
             duration: Duration::from_secs_f64(self.duration),
             db_dir: self.db.clone(),
             progress: !self.no_progress,
+            sampling: self.interval.sampling(),
         }
     }
 }
 
 fn bench(args: &BenchArgs) -> anyhow::Result<()> {
+    run_bench(args).1
+}
+
+/// Runs the sweep `args` describe, prints its table and writes the files it asks for;
+/// returns the records of the finished runs and whether the sweep succeeded.
+fn run_bench(args: &BenchArgs) -> (Vec<Record>, anyhow::Result<()>) {
+    let mut records: Vec<Record> = Vec::new();
+    let res = run_bench_into(args, &mut records);
+    (records, res)
+}
+
+fn run_bench_into(args: &BenchArgs, records: &mut Vec<Record>) -> anyhow::Result<()> {
     for m in args.mix.iter().flatten() {
         let ok = match args.workload {
             WorkloadKind::Ycsb => workloads::ycsb::Mix::parse(m).is_some(),
@@ -427,7 +456,8 @@ fn bench(args: &BenchArgs) -> anyhow::Result<()> {
             | WorkloadKind::Keyrange
             | WorkloadKind::Insert
             | WorkloadKind::Txbench
-            | WorkloadKind::Intents => false,
+            | WorkloadKind::Intents
+            | WorkloadKind::Tellers => false,
         };
         if !ok {
             anyhow::bail!("--mix {m} does not apply to {}", args.workload.name());
@@ -442,10 +472,13 @@ fn bench(args: &BenchArgs) -> anyhow::Result<()> {
     if plan.runs.is_empty() {
         anyhow::bail!("no combination of the options given can run");
     }
-    let mut records: Vec<Record> = Vec::new();
     if let Some(path) = &args.json {
         // Fail before loading anything if the file cannot be written.
-        report::write_json(path, &records)?;
+        report::write_json(path, records)?;
+    }
+    let mut series = Vec::new();
+    if let Some(path) = &args.interval.csv {
+        interval::write_csv(path, &series)?;
     }
     if let Some(dir) = &args.hdr_out {
         std::fs::create_dir_all(dir)
@@ -457,12 +490,17 @@ fn bench(args: &BenchArgs) -> anyhow::Result<()> {
         }
         records.push(Record::new(&params, r));
         if let Some(path) = &args.json {
-            report::write_json(path, &records)?;
+            report::write_json(path, records)?;
+        }
+        if let Some(path) = &args.interval.csv {
+            let name = params.workload.name().to_string();
+            series.push((name, r.cfg.point.clone(), r.stats.intervals.clone()));
+            interval::write_csv(path, &series)?;
         }
         Ok(())
     });
     if !records.is_empty() {
-        print!("{}", report::render_table(&params, &sweep, &records));
+        print!("{}", report::render_table(&params, &sweep, records));
     }
     if let (Some(path), true) = (&args.json, res.is_ok()) {
         eprintln!("wrote {} records to {}", records.len(), path.display());
@@ -474,6 +512,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let res = match &cli.command {
         Command::Bench(args) => bench(args),
+        Command::Exp(args) => exp::run(args),
         Command::Report { dir } => html::build(dir).map(|p| println!("wrote {}", p.display())),
         Command::Recover { dir, tables } => recover::run(dir, *tables),
     };

@@ -157,6 +157,10 @@ pub struct Record {
     pub rss_end_kb: Option<u64>,
     /// Peak resident memory (KiB) during the run.
     pub peak_rss_kb: Option<u64>,
+    /// Per-interval samples of the measurement window (only when sampling:
+    /// `--report-interval`, `--csv`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub intervals: Vec<crate::interval::Sample>,
 }
 
 impl Record {
@@ -204,6 +208,7 @@ impl Record {
             rss_start_kb: s.rss_start_kb,
             rss_end_kb: s.rss_end_kb,
             peak_rss_kb: s.peak_rss_kb,
+            intervals: s.intervals.clone(),
         }
     }
 }
@@ -489,6 +494,7 @@ mod tests {
             duration: Duration::from_secs(3),
             db_dir: None,
             progress: false,
+            sampling: None,
         }
     }
 
@@ -536,6 +542,7 @@ mod tests {
                         rss_start_kb: Some(2048),
                         rss_end_kb: Some(4096),
                         peak_rss_kb: None,
+                        intervals: Vec::new(),
                     },
                     check: if i == 3 {
                         Err("bad".into())

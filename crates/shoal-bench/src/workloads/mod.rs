@@ -6,6 +6,7 @@ pub mod intents;
 pub mod keyrange;
 #[cfg_attr(not(test), allow(dead_code))]
 pub mod lockexp;
+pub mod tellers;
 pub mod tpcb;
 pub mod tpcc;
 pub mod txbench;
@@ -38,6 +39,9 @@ pub enum WorkloadKind {
     /// Intent-lock-only transactions (Kimura et al. 2012 Fig. 4): IS or IX on four tables,
     /// `--absolute-locks` per million take X on a table or the database.
     Intents,
+    /// Kimura et al. 2012 Fig. 6 (E4): each transaction adds 1 to 5 distinct tellers in
+    /// ascending order (no true deadlock); `--records` tellers (default 200).
+    Tellers,
 }
 
 impl WorkloadKind {
@@ -51,6 +55,7 @@ impl WorkloadKind {
             WorkloadKind::Insert => "insert",
             WorkloadKind::Txbench => "txbench",
             WorkloadKind::Intents => "intents",
+            WorkloadKind::Tellers => "tellers",
         }
     }
 }

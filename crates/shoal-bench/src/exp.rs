@@ -271,14 +271,14 @@ fn e5(quick: bool) -> Vec<Group> {
         "--threads 6 --duration 30 --warmup 1 --report-interval 1"
     };
     vec![group(
-        "TPC-B, pipelined log, 10 ms flush",
+        "deadlock-prone TPC-B (half the transactions in reverse order), pipelined log, 10 ms flush",
         TIME,
         &[Metric::Completed, Metric::IntervalTps],
         false,
         vec![sweep(
             "",
             &format!(
-                "tpcb --cc 2pl --log pipelined --log-latency 10ms \
+                "tpcb --cc 2pl --log pipelined --log-latency 10ms --reverse-fraction 0.5 \
                  --victim kill-short,kill-long,kill-young {a}"
             ),
         )],

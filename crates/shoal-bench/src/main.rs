@@ -128,6 +128,12 @@ struct BenchArgs {
     #[arg(long, value_delimiter = ',', value_name = "LIST", default_value = "0", value_parser = parse_ratio)]
     read_ratio: Vec<f64>,
 
+    /// TPC-B: probability (0 to 1) that a transaction updates branch, teller, account in
+    /// that order instead of account, teller, branch. Opposite orders make true deadlocks
+    /// (the deadlock-prone TPC-B of the victim-policy experiment, E5). Default 0.
+    #[arg(long, value_delimiter = ',', value_name = "LIST", value_parser = parse_ratio)]
+    reverse_fraction: Option<Vec<f64>>,
+
     /// Rows loaded: YCSB records (default 1,000,000), keyrange counters (default 200),
     /// tellers' tellers (default 200).
     #[arg(long, value_delimiter = ',', value_name = "LIST",
@@ -399,6 +405,9 @@ impl BenchArgs {
                 false,
                 self.read_ratio.iter().copied(),
             ));
+            if let Some(r) = &self.reverse_fraction {
+                axes.push(Axis::new("reverse-fraction", false, r.iter().copied()));
+            }
         }
         if self.workload == WorkloadKind::Keyrange {
             let e = self.existing_endpoints.iter().copied();

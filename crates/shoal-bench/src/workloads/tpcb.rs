@@ -133,6 +133,10 @@ pub struct TpcbWorker {
     thread: u16,
     seq: u64,
     read_ratio: f64,
+    /// Probability that a transaction touches its rows in reverse order (`--reverse-fraction`).
+    reverse_fraction: f64,
+    /// The current transaction goes branch, teller, account.
+    reversed: bool,
     tellers: Sampler,
     cur: HistoryRow,
 }
@@ -345,6 +349,11 @@ impl Workload for Tpcb {
             thread,
             seq: u64::from(run) << 48,
             read_ratio: cfg.read_ratio,
+            reverse_fraction: match cfg.point.get("reverse-fraction") {
+                Some(crate::sweep::Value::Float(f)) => *f,
+                _ => 0.0,
+            },
+            reversed: false,
             tellers: cfg.dist.unwrap_or(KeyDist::Uniform).over(self.tellers()),
             cur: HistoryRow::default(),
         }
@@ -352,15 +361,20 @@ impl Workload for Tpcb {
 
     fn next(&self, w: &mut TpcbWorker) {
         w.cur = draw(self.branches, &w.tellers, &mut w.rng, w.read_ratio);
+        w.reversed = w.reverse_fraction > 0.0 && w.rng.gen_bool(w.reverse_fraction);
     }
 
     fn execute(&self, w: &TpcbWorker, tx: &mut Transaction<'_>) -> shoal::Result<()> {
         let h = &w.cur;
-        for (flag, table, id) in [
+        let mut rows = [
             (FLAG_ACCOUNT, &self.account, h.aid),
             (FLAG_TELLER, &self.teller, h.tid),
             (FLAG_BRANCH, &self.branch, h.bid),
-        ] {
+        ];
+        if w.reversed {
+            rows.reverse();
+        }
+        for (flag, table, id) in rows {
             if h.flags & flag != 0 {
                 tx.add(table, id_key(id), h.delta)?;
             } else {

@@ -241,6 +241,11 @@ mod tests {
                 await_split(&db);
             }
             let ledger = run_txns(&w, &db, &cfg, 300);
+            if cc == "doppel" {
+                // Reads of the split page were stashed and re-run in joined phases.
+                let s = db.doppel_stats().unwrap();
+                assert!(s.split_phases > 0 && s.stashed > 0, "{s:?}");
+            }
             let writes = w.writes.load(Ordering::Relaxed);
             assert!((150..450).contains(&writes), "{cc}: {writes} writes");
             w.check(&db, &ledger)

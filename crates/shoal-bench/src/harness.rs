@@ -806,7 +806,7 @@ fn measure<W: Workload>(
     rss::reset_peak();
     let rss_start_kb = rss::current_kb();
     let mut rss_end_kb = None;
-    let dop_start = db.doppel_stats();
+    let mut dop = crate::workloads::doppel_args::DoppelSampler::new(db);
     let mut dop_end = None;
     let (outs, measured) = std::thread::scope(|s| -> anyhow::Result<_> {
         let mut handles = Vec::with_capacity(cfg.threads);
@@ -845,9 +845,12 @@ fn measure<W: Workload>(
                 ctl.phase.store(MEASURE, Ordering::Release);
                 measure_start = Some(now);
             }
+            if measure_start.is_some() {
+                dop.tick(db);
+            }
             if el >= total {
                 rss_end_kb = rss::current_kb();
-                dop_end = crate::workloads::doppel_args::DoppelRun::snapshot(db, &dop_start);
+                dop_end = dop.finish(db);
                 ctl.phase.store(STOP, Ordering::Release);
                 break now - measure_start.unwrap_or(now);
             }

@@ -60,7 +60,13 @@ fn incr1_runs_every_cc_including_doppel_and_atomic() {
         if doppel {
             assert_eq!(r["phase_ms"], 5.0, "{r:#}");
             let d = &r["doppel"];
-            for f in ["split_keys", "max_split_keys", "split_phases", "stashed"] {
+            for f in [
+                "split_keys",
+                "split_keys_max",
+                "max_split_keys",
+                "split_phases",
+                "stashed",
+            ] {
                 assert!(d[f].is_u64(), "missing doppel.{f}: {r:#}");
             }
         }

@@ -191,8 +191,15 @@ pub fn text<'a>(cfg: &'a RunConfig, name: &str, default: &'a str) -> &'a str {
 /// Doppel's counters over one run, for its record.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct DoppelRun {
-    /// Records split at the end of the measurement window.
+    /// Records split at the end of the measurement window (0 if the window ended in a
+    /// joined phase with nothing split for the next one).
     pub split_keys: usize,
+    /// Most records split at once in the window (sampled every 10 ms).
+    pub split_keys_max: usize,
+    /// Mean number of records split in the window (sampled every 10 ms).
+    pub split_keys_mean: f64,
+    /// Share of the window's samples that found the database in a split phase.
+    pub split_time: f64,
     /// Most records split at once so far on this database.
     pub max_split_keys: usize,
     /// Split phases entered during the run (warm-up included).
@@ -201,29 +208,71 @@ pub struct DoppelRun {
     pub stashed: u64,
     /// Phase changes cancelled during the run (transactions did not drain in time).
     pub cancelled_changes: u64,
-    /// The split records at the end of the window, as `table/key:OP` (at most 32).
+    /// Every record split at some sample of the window, as `table/key:OP`, most often split
+    /// first (at most 32).
     pub split: Vec<String>,
 }
 
-impl DoppelRun {
-    /// The counters since `start` (taken with [`Database::doppel_stats`] when the run
-    /// began); `None` unless the database runs Doppel.
-    pub fn snapshot(db: &Database, start: &Option<DoppelStats>) -> Option<DoppelRun> {
+/// Samples Doppel's state during a run's measurement window.
+pub struct DoppelSampler {
+    start: Option<DoppelStats>,
+    samples: u64,
+    in_split: u64,
+    sum: u64,
+    max: usize,
+    seen: Vec<(String, u64)>,
+}
+
+impl DoppelSampler {
+    /// Starts sampling `db` (does nothing unless it runs Doppel).
+    pub fn new(db: &Database) -> DoppelSampler {
+        DoppelSampler {
+            start: db.doppel_stats(),
+            samples: 0,
+            in_split: 0,
+            sum: 0,
+            max: 0,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Takes one sample (called every 10 ms of the measurement window).
+    pub fn tick(&mut self, db: &Database) {
+        let Some(s) = db.doppel_stats() else { return };
+        self.samples += 1;
+        if s.phase != Some(shoal::doppel::Phase::Split) {
+            return;
+        }
+        self.in_split += 1;
+        let keys = db.split_keys();
+        self.sum += keys.len() as u64;
+        self.max = self.max.max(keys.len());
+        for (t, k, op) in keys {
+            let name = format!("{t}/{}:{op:?}", String::from_utf8_lossy(&k));
+            match self.seen.iter_mut().find(|(n, _)| *n == name) {
+                Some(e) => e.1 += 1,
+                None => self.seen.push((name, 1)),
+            }
+        }
+    }
+
+    /// The run's counters; `None` unless the database runs Doppel.
+    pub fn finish(mut self, db: &Database) -> Option<DoppelRun> {
         let end = db.doppel_stats()?;
-        let s = start.clone().unwrap_or_default();
-        let split = db
-            .split_keys()
-            .into_iter()
-            .take(32)
-            .map(|(t, k, op)| format!("{t}/{}:{op:?}", String::from_utf8_lossy(&k)))
-            .collect();
+        let s = self.start.clone().unwrap_or_default();
+        self.seen
+            .sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        let n = self.samples.max(1) as f64;
         Some(DoppelRun {
             split_keys: end.split_keys,
+            split_keys_max: self.max,
+            split_keys_mean: (self.sum as f64 / n * 100.0).round() / 100.0,
+            split_time: (self.in_split as f64 / n * 1000.0).round() / 1000.0,
             max_split_keys: end.max_split_keys,
             split_phases: end.split_phases.saturating_sub(s.split_phases),
             stashed: end.stashed.saturating_sub(s.stashed),
             cancelled_changes: end.cancelled_changes.saturating_sub(s.cancelled_changes),
-            split,
+            split: self.seen.into_iter().take(32).map(|(n, _)| n).collect(),
         })
     }
 }

@@ -314,11 +314,12 @@ pub fn plan_for(sweep: &Sweep, workload: Option<WorkloadKind>) -> anyhow::Result
     let mut runs = Vec::new();
     let mut skipped = Vec::new();
     for p in sweep.points() {
-        let cfg = RunConfig::from_point(&p)?;
-        if crate::workloads::doppel_args::repeats_without_phase(&cfg, &runs) {
+        let mut cfg = RunConfig::from_point(&p)?;
+        if crate::workloads::doppel_args::repeats_without_phase(&mut cfg, &runs) {
             continue; // --phase-ms applies to Doppel only
         }
         match cfg.skip_reason_for(workload) {
+            Some(why) if skipped.contains(&why) => {}
             Some(why) => skipped.push(why),
             None => runs.push((cfg, sweep.db_key(&p))),
         }

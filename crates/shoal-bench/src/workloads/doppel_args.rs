@@ -142,21 +142,17 @@ impl DoppelArgs {
 }
 
 /// Whether `cfg` repeats a planned run: `--phase-ms` does not apply to other concurrency
-/// controls than Doppel, so their runs that differ only in it are dropped.
+/// controls than Doppel, so their runs that differ only in it are dropped, and the first one
+/// kept loses the option (its record does not name a phase length it did not use).
 pub fn repeats_without_phase(
-    cfg: &RunConfig,
+    cfg: &mut RunConfig,
     planned: &[(RunConfig, crate::sweep::Point)],
 ) -> bool {
-    let strip = |c: &RunConfig| {
-        let mut p = c.point.clone();
-        p.0.retain(|(n, _)| *n != "phase-ms");
-        p
-    };
     if cfg.cc == Cc::Doppel || cfg.point.get("phase-ms").is_none() {
         return false;
     }
-    let me = strip(cfg);
-    planned.iter().any(|(c, _)| strip(c) == me)
+    cfg.point.0.retain(|(n, _)| *n != "phase-ms");
+    planned.iter().any(|(c, _)| c.point == cfg.point)
 }
 
 /// Why `cfg` cannot run on `workload`: `--cc atomic` on a workload without an atomic form.
@@ -300,6 +296,35 @@ pub fn parse_key16(key: &[u8]) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn phase_ms_applies_to_doppel_only() {
+        use crate::sweep::{Axis, Sweep};
+        let sweep = Sweep {
+            axes: vec![
+                Axis::new("cc", true, ["occ", "doppel", "atomic"]),
+                Axis::new("log", true, ["none"]),
+                Axis::new("phase-ms", true, [1.0, 5.0]),
+                Axis::new("threads", false, [2u64]),
+                Axis::new("seed", false, [1u64]),
+            ],
+        };
+        let plan = crate::harness::plan_for(&sweep, Some(WorkloadKind::Like)).unwrap();
+        let runs: Vec<String> = plan.runs.iter().map(|(c, _)| c.point.describe()).collect();
+        assert_eq!(
+            runs,
+            [
+                "cc=occ log=none threads=2 seed=1",
+                "cc=doppel log=none phase-ms=1 threads=2 seed=1",
+                "cc=doppel log=none phase-ms=5 threads=2 seed=1",
+            ]
+        );
+        let phase = |i: usize| plan.runs[i].0.options.doppel.split_phase;
+        assert_eq!(phase(2), std::time::Duration::from_millis(5));
+        // atomic is skipped (like has no atomic form) with one note per point.
+        assert_eq!(plan.skipped.len(), 1, "{:?}", plan.skipped);
+        assert!(plan.skipped[0].contains("cc=atomic"));
+    }
 
     #[test]
     fn keys_are_sixteen_bytes_and_parse_back() {

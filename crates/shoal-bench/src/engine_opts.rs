@@ -239,6 +239,14 @@ pub fn apply(p: &Point, o: &mut Options) -> anyhow::Result<()> {
     if let Some(s) = text(p, "log-dir")? {
         o.log_dir = Some(PathBuf::from(s));
     }
+    match p.get("phase-ms") {
+        None => {}
+        Some(Value::Float(ms)) if ms.is_finite() && *ms > 0.0 => {
+            o.doppel.split_phase = Duration::from_secs_f64(ms / 1e3);
+        }
+        Some(Value::Int(ms)) if *ms > 0 => o.doppel.split_phase = Duration::from_millis(*ms),
+        Some(v) => bail!("option phase-ms: expected a positive number, got {v}"),
+    }
     if let Some(s) = text(p, "lock-timeout")? {
         o.lock_timeout = parse_duration(s).map_err(|e| anyhow!("--lock-timeout: {e}"))?;
     }
@@ -285,7 +293,7 @@ pub fn describe(o: &Options) -> Vec<(&'static str, String)> {
         KeyRangeModes::SharedExclusive => KeyModesArg::Sx,
     };
     let ms = |d: Duration| format!("{}ms", d.as_secs_f64() * 1e3);
-    vec![
+    let mut out = vec![
         ("lock-table", lock_table.name()),
         ("intent-locks", intent.name()),
         ("key-range-modes", key_modes.name()),
@@ -298,7 +306,15 @@ pub fn describe(o: &Options) -> Vec<(&'static str, String)> {
             o.checkpoint_interval.map_or_else(|| "off".to_string(), ms),
         ),
         ("lock-timeout", ms(o.lock_timeout)),
-    ]
+    ];
+    if o.cc == shoal::ConcurrencyControl::Doppel {
+        // `phase-ms` is a number on the command line; the record names it as such.
+        out.push((
+            "phase-ms",
+            format!("{}", o.doppel.split_phase.as_secs_f64() * 1e3),
+        ));
+    }
+    out
 }
 
 #[cfg(test)]

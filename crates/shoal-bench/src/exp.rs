@@ -786,6 +786,8 @@ mod tests {
             rss_end_kb: None,
             peak_rss_kb: None,
             intervals,
+            stashed: 0,
+            doppel: None,
         };
         let res = harness::RunResult {
             cfg,

@@ -19,9 +19,12 @@ use crate::dist::{parse_dist, KeyDist};
 use crate::engine_opts;
 use crate::rss;
 use crate::sweep::{Point, Sweep, Value};
+use crate::workloads::incr::Incr;
 use crate::workloads::insert::Insert;
 use crate::workloads::intents::Intents;
 use crate::workloads::keyrange::KeyRange;
+use crate::workloads::like::Like;
+use crate::workloads::rubis::Rubis;
 use crate::workloads::tpcb::Tpcb;
 use crate::workloads::tpcc::Tpcc;
 use crate::workloads::txbench::Txbench;
@@ -40,6 +43,14 @@ pub enum Cc {
     /// No locking: transactions run one at a time (single worker thread only).
     #[value(name = "none", alias = "serial")]
     None,
+    /// Doppel phase reconciliation: OCC in joined phases, per-worker slices for hot records
+    /// in split phases; the harness's worker threads are Doppel's workers.
+    #[value(name = "doppel")]
+    Doppel,
+    /// No transaction: one atomic add per operation on an in-memory array (Doppel thesis
+    /// §7.2's upper bound; INCR workloads only).
+    #[value(name = "atomic")]
+    Atomic,
 }
 
 impl Cc {
@@ -49,6 +60,8 @@ impl Cc {
             Cc::TwoPl => "2pl",
             Cc::Occ => "occ",
             Cc::None => "none",
+            Cc::Doppel => "doppel",
+            Cc::Atomic => "atomic",
         }
     }
 
@@ -58,16 +71,20 @@ impl Cc {
             "2pl" => Some(Cc::TwoPl),
             "occ" => Some(Cc::Occ),
             "none" | "serial" => Some(Cc::None),
+            "doppel" => Some(Cc::Doppel),
+            "atomic" => Some(Cc::Atomic),
             _ => None,
         }
     }
 
-    /// The engine setting.
+    /// The engine setting (`atomic` runs no transactions: its database, used for the load
+    /// and the check only, runs OCC).
     pub fn engine(self) -> ConcurrencyControl {
         match self {
             Cc::TwoPl => ConcurrencyControl::TwoPhaseLocking,
-            Cc::Occ => ConcurrencyControl::Optimistic,
+            Cc::Occ | Cc::Atomic => ConcurrencyControl::Optimistic,
             Cc::None => ConcurrencyControl::Serial,
+            Cc::Doppel => ConcurrencyControl::Doppel,
         }
     }
 }
@@ -246,6 +263,13 @@ impl RunConfig {
         RunConfig::from_point(&p).expect("a valid test configuration")
     }
 
+    /// Why this combination cannot run for `workload`, if it cannot (see
+    /// [`skip_reason`](Self::skip_reason); adds `--cc atomic` on workloads without an
+    /// atomic form).
+    pub fn skip_reason_for(&self, workload: Option<WorkloadKind>) -> Option<String> {
+        crate::workloads::doppel_args::skip_reason(self, workload).or_else(|| self.skip_reason())
+    }
+
     /// Why this combination cannot run, if it cannot.
     pub fn skip_reason(&self) -> Option<String> {
         if self.cc == Cc::None && self.threads > 1 {
@@ -280,13 +304,24 @@ pub struct Plan {
     pub skipped: Vec<String>,
 }
 
-/// Expands the sweep and drops the combinations that do not apply.
+/// Expands the sweep and drops the combinations that do not apply (whatever the workload;
+/// see [`plan_for`]).
+#[cfg_attr(not(test), allow(dead_code))]
 pub fn plan(sweep: &Sweep) -> anyhow::Result<Plan> {
+    plan_for(sweep, None)
+}
+
+/// [`plan`] for `workload`: also drops combinations the workload cannot run.
+pub fn plan_for(sweep: &Sweep, workload: Option<WorkloadKind>) -> anyhow::Result<Plan> {
     let mut runs = Vec::new();
     let mut skipped = Vec::new();
     for p in sweep.points() {
-        let cfg = RunConfig::from_point(&p)?;
-        match cfg.skip_reason() {
+        let mut cfg = RunConfig::from_point(&p)?;
+        if crate::workloads::doppel_args::repeats_without_phase(&mut cfg, &runs) {
+            continue; // --phase-ms applies to Doppel only
+        }
+        match cfg.skip_reason_for(workload) {
+            Some(why) if skipped.contains(&why) => {}
             Some(why) => skipped.push(why),
             None => runs.push((cfg, sweep.db_key(&p))),
         }
@@ -315,6 +350,9 @@ pub struct TypeStats {
     pub rolled_back: u64,
     /// Aborts inside the measurement window, by reason: deadlock, lock timeout, conflict.
     pub aborts: [u64; 3],
+    /// Doppel: attempts stashed inside the measurement window (each re-run in the next
+    /// joined phase; not aborts).
+    pub stashed: u64,
     /// Latency of committed transactions in the window, retries included, in nanoseconds.
     pub latency_ns: Histogram<u64>,
 }
@@ -327,6 +365,7 @@ impl TypeStats {
             committed: 0,
             rolled_back: 0,
             aborts: [0; 3],
+            stashed: 0,
             latency_ns: new_hist(),
         }
     }
@@ -339,6 +378,7 @@ impl TypeStats {
     fn merge(&mut self, o: &TypeStats) {
         self.committed += o.committed;
         self.rolled_back += o.rolled_back;
+        self.stashed += o.stashed;
         for (a, b) in self.aborts.iter_mut().zip(o.aborts) {
             *a += b;
         }
@@ -375,6 +415,10 @@ pub struct RunStats {
     pub peak_rss_kb: Option<u64>,
     /// Per-interval samples of the measurement window (empty unless sampling).
     pub intervals: Vec<crate::interval::Sample>,
+    /// Doppel: attempts stashed inside the measurement window (re-run in a joined phase).
+    pub stashed: u64,
+    /// Doppel: the runtime's counters over the run (`None` unless `--cc doppel`).
+    pub doppel: Option<crate::workloads::doppel_args::DoppelRun>,
 }
 
 impl RunStats {
@@ -516,6 +560,11 @@ fn run_group(
             use crate::workloads::tellers::Tellers;
             run_loaded::<Tellers>(params, &db, group, db_key, on_run)
         }
+        WorkloadKind::Incr1 | WorkloadKind::Incrz => {
+            run_loaded::<Incr>(params, &db, group, db_key, on_run)
+        }
+        WorkloadKind::Like => run_loaded::<Like>(params, &db, group, db_key, on_run),
+        WorkloadKind::Rubis => run_loaded::<Rubis>(params, &db, group, db_key, on_run),
     }
 }
 
@@ -662,6 +711,16 @@ fn worker<W: Workload>(
             };
             match res {
                 Ok(()) => break false,
+                // Doppel: the next begin() waits for the next joined phase (the wait counts in
+                // the latency); neither an abort nor a reason to back off.
+                Err(Error::Stashed { .. }) => {
+                    if ctl.phase() == MEASURE {
+                        out.per_type[kind].stashed += 1;
+                    }
+                    if ctl.phase() == STOP {
+                        break 'txns;
+                    }
+                }
                 Err(e) => match abort_reason(&e) {
                     Some(r) => {
                         if ctl.phase() == MEASURE {
@@ -701,6 +760,37 @@ fn worker<W: Workload>(
             if let Some(p) = &ctl.probe {
                 p.commit(thread, ns);
             }
+        }
+    }
+    out
+}
+
+/// `--cc atomic`: each operation of a transaction is a plain atomic memory operation
+/// ([`Workload::execute_atomic`]), with no transaction around it.
+fn atomic_worker<W: Workload>(w: &W, ctl: &Control, mut st: W::Worker, thread: usize) -> WorkerOut {
+    let mut out = WorkerOut {
+        total: 0,
+        per_type: w.kinds().iter().map(|n| TypeStats::new(n)).collect(),
+    };
+    while ctl.phase() != STOP {
+        w.next(&mut st);
+        let kind = w.kind(&st).min(out.per_type.len() - 1);
+        let start = Instant::now();
+        if !w.execute_atomic(&st) {
+            ctl.fail(format!(
+                "worker thread {thread}: this workload has no --cc atomic form"
+            ));
+            break;
+        }
+        let elapsed = start.elapsed();
+        w.committed(&mut st);
+        out.total += 1;
+        ctl.commits[thread].0.fetch_add(1, Ordering::Relaxed);
+        if ctl.phase() == MEASURE {
+            let t = &mut out.per_type[kind];
+            t.committed += 1;
+            t.latency_ns
+                .saturating_record(u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX));
         }
     }
     out
@@ -749,6 +839,8 @@ fn measure<W: Workload>(
     rss::reset_peak();
     let rss_start_kb = rss::current_kb();
     let mut rss_end_kb = None;
+    let mut dop = crate::workloads::doppel_args::DoppelSampler::new(db);
+    let mut dop_end = None;
     let (outs, measured) = std::thread::scope(|s| -> anyhow::Result<_> {
         let mut handles = Vec::with_capacity(cfg.threads);
         for t in 0..cfg.threads {
@@ -757,7 +849,13 @@ fn measure<W: Workload>(
             let ctl = &ctl;
             let h = std::thread::Builder::new()
                 .name(format!("bench-{t}"))
-                .spawn_scoped(s, move || worker(w, db, ctl, st, t, seed))
+                .spawn_scoped(s, move || {
+                    if cfg.cc == Cc::Atomic {
+                        atomic_worker(w, ctl, st, t)
+                    } else {
+                        worker(w, db, ctl, st, t, seed)
+                    }
+                })
                 .context("spawning a worker thread")?;
             handles.push(h);
         }
@@ -786,10 +884,14 @@ fn measure<W: Workload>(
                     s.start(now, commits_now(&ctl), p);
                 }
             }
+            if measure_start.is_some() {
+                dop.tick(db);
+            }
             // The window ends `duration` after it started (not at warm-up + duration from
             // the start: on a loaded machine the first tick can come late).
             if measure_start.is_some_and(|m| now - m >= params.duration) {
                 rss_end_kb = rss::current_kb();
+                dop_end = dop.finish(db);
                 ctl.phase.store(STOP, Ordering::Release);
                 if let (Some(s), Some(p)) = (&mut sampler, &ctl.probe) {
                     s.finish(now, commits_now(&ctl), p);
@@ -840,6 +942,8 @@ fn measure<W: Workload>(
         rss_end_kb,
         peak_rss_kb: rss::peak_kb(),
         intervals: sampler.map(|s| s.samples).unwrap_or_default(),
+        stashed: 0,
+        doppel: dop_end,
     };
     for o in outs {
         stats.total_committed += o.total;
@@ -851,6 +955,7 @@ fn measure<W: Workload>(
     for t in &stats.per_type {
         stats.committed += t.committed;
         stats.rolled_back += t.rolled_back;
+        stats.stashed += t.stashed;
         for (a, b) in stats.aborts.iter_mut().zip(t.aborts) {
             *a += b;
         }

@@ -84,8 +84,10 @@ struct BenchArgs {
     #[arg(value_enum, default_value = "tpcb")]
     workload: WorkloadKind,
 
-    /// Concurrency control: `2pl` (two-phase locking), `occ` (Silo-style optimistic) or
-    /// `none` (no locks, transactions one at a time; single thread only).
+    /// Concurrency control: `2pl` (two-phase locking), `occ` (Silo-style optimistic),
+    /// `none` (no locks, transactions one at a time; single thread only), `doppel` (phase
+    /// reconciliation; `--phase-ms`) or `atomic` (no transactions: an atomic add per
+    /// operation; incr1 and incrz only).
     #[arg(
         long,
         value_enum,
@@ -135,7 +137,8 @@ struct BenchArgs {
     reverse_fraction: Option<Vec<f64>>,
 
     /// Rows loaded: YCSB records (default 1,000,000), keyrange counters (default 200),
-    /// tellers' tellers (default 200).
+    /// incr1/incrz counters, like users and pages, rubis users (items: 1/30 of them; all
+    /// default 1,000,000).
     #[arg(long, value_delimiter = ',', value_name = "LIST",
           value_parser = clap::value_parser!(u64).range(1..=1_000_000_000))]
     records: Option<Vec<u64>>,
@@ -273,6 +276,9 @@ struct BenchArgs {
 
     #[command(flatten)]
     interval: interval::IntervalArgs,
+    /// Options of the Doppel workloads (incr1, incrz, like, rubis) and of Doppel.
+    #[command(flatten)]
+    doppel: workloads::doppel_args::DoppelArgs,
 }
 
 fn parse_mix(s: &str) -> Result<String, String> {
@@ -370,6 +376,8 @@ impl BenchArgs {
                 axes.push(Axis::new(name, true, v.iter().map(String::as_str)));
             }
         }
+        let records = self.records.as_deref();
+        axes.extend(self.doppel.db_axes(self.workload, records));
         match self.workload {
             WorkloadKind::Txbench => {
                 axes.insert(
@@ -428,6 +436,7 @@ impl BenchArgs {
         if !dists.is_empty() {
             axes.push(Axis::new("dist", false, dists.iter().map(String::as_str)));
         }
+        axes.extend(self.doppel.workload_axes(self.workload));
         axes.push(Axis::new("seed", false, self.seed.iter().copied()));
         Sweep { axes }
     }
@@ -466,7 +475,11 @@ fn run_bench_into(args: &BenchArgs, records: &mut Vec<Record>) -> anyhow::Result
             | WorkloadKind::Insert
             | WorkloadKind::Txbench
             | WorkloadKind::Intents
-            | WorkloadKind::Tellers => false,
+            | WorkloadKind::Tellers
+            | WorkloadKind::Incr1
+            | WorkloadKind::Incrz
+            | WorkloadKind::Like
+            | WorkloadKind::Rubis => false,
         };
         if !ok {
             anyhow::bail!("--mix {m} does not apply to {}", args.workload.name());
@@ -474,7 +487,7 @@ fn run_bench_into(args: &BenchArgs, records: &mut Vec<Record>) -> anyhow::Result
     }
     let sweep = args.sweep();
     let params = args.params();
-    let plan = harness::plan(&sweep)?;
+    let plan = harness::plan_for(&sweep, Some(args.workload))?;
     for note in &plan.skipped {
         println!("note: {note}");
     }

@@ -66,6 +66,8 @@ pub struct TypeRecord {
     pub aborted_lock_timeout: u64,
     /// Aborts by optimistic conflict.
     pub aborted_conflict: u64,
+    /// Doppel: attempts stashed (re-run in the next joined phase; not aborts).
+    pub stashed: u64,
     /// Aborts per attempt: aborted / (committed + rolled back + aborted), 0 to 1.
     pub abort_rate: f64,
     /// Commits per second in the measurement window.
@@ -87,6 +89,7 @@ impl TypeRecord {
             aborted_deadlock: t.aborts[0],
             aborted_lock_timeout: t.aborts[1],
             aborted_conflict: t.aborts[2],
+            stashed: t.stashed,
             abort_rate: if attempts == 0 {
                 0.0
             } else {
@@ -133,6 +136,13 @@ pub struct Record {
     pub aborted_lock_timeout: u64,
     /// Aborts by optimistic conflict.
     pub aborted_conflict: u64,
+    /// Doppel: attempts stashed in the measurement window, each re-run in the next joined
+    /// phase (not aborts; the wait counts in the latency).
+    pub stashed: u64,
+    /// Doppel: the runtime's counters over the run (split keys, split phases, stashes);
+    /// absent unless `cc` is `doppel`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub doppel: Option<crate::workloads::doppel_args::DoppelRun>,
     /// Expected rollbacks in the measurement window (not retried, not failures).
     pub rolled_back: u64,
     /// Commits per second in the measurement window.
@@ -190,6 +200,8 @@ impl Record {
             aborted_deadlock: s.aborts[0],
             aborted_lock_timeout: s.aborts[1],
             aborted_conflict: s.aborts[2],
+            stashed: s.stashed,
+            doppel: s.doppel.clone(),
             rolled_back: s.rolled_back,
             throughput: (s.throughput() * 10.0).round() / 10.0,
             latency_us: Latency::from_ns(&s.latency_ns),
@@ -330,6 +342,7 @@ pub fn render_table(params: &Params, sweep: &Sweep, records: &[Record]) -> Strin
             "deadlock",
             "timeout",
             "conflict",
+            "stashed",
             "p50 µs",
             "p99 µs",
             "p99.9 µs",
@@ -357,6 +370,7 @@ pub fn render_table(params: &Params, sweep: &Sweep, records: &[Record]) -> Strin
             r.aborted_deadlock.to_string(),
             r.aborted_lock_timeout.to_string(),
             r.aborted_conflict.to_string(),
+            r.stashed.to_string(),
             format!("{:.1}", l.p50),
             format!("{:.1}", l.p99),
             format!("{:.1}", l.p999),
@@ -388,6 +402,7 @@ fn render_per_type(cols: &[&'static str], records: &[Record]) -> String {
             "deadlock",
             "timeout",
             "conflict",
+            "stashed",
             "abort%",
             "p50 µs",
             "p90 µs",
@@ -423,6 +438,7 @@ fn render_per_type(cols: &[&'static str], records: &[Record]) -> String {
                 t.aborted_deadlock.to_string(),
                 t.aborted_lock_timeout.to_string(),
                 t.aborted_conflict.to_string(),
+                t.stashed.to_string(),
                 format!("{:.2}", t.abort_rate * 100.0),
                 format!("{:.1}", l.p50),
                 format!("{:.1}", l.p90),
@@ -537,12 +553,15 @@ mod tests {
                             committed: 4,
                             rolled_back: 0,
                             aborts: [1, 2, 0],
+                            stashed: 0,
                             latency_ns: h,
                         }],
                         rss_start_kb: Some(2048),
                         rss_end_kb: Some(4096),
                         peak_rss_kb: None,
                         intervals: Vec::new(),
+                        stashed: 0,
+                        doppel: None,
                     },
                     check: if i == 3 {
                         Err("bad".into())

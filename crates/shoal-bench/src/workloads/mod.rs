@@ -1,11 +1,15 @@
 //! Workloads the harness can run. Each one loads its tables, generates transactions for the
 //! worker threads and checks its consistency invariants after a run.
 
+pub mod doppel_args;
+pub mod incr;
 pub mod insert;
 pub mod intents;
 pub mod keyrange;
+pub mod like;
 #[cfg_attr(not(test), allow(dead_code))]
 pub mod lockexp;
+pub mod rubis;
 pub mod tellers;
 pub mod tpcb;
 pub mod tpcc;
@@ -42,6 +46,20 @@ pub enum WorkloadKind {
     /// Kimura et al. 2012 Fig. 6 (E4): each transaction adds 1 to 5 distinct tellers in
     /// ascending order (no true deadlock); `--records` tellers (default 200).
     Tellers,
+    /// Doppel's INCR1 (thesis §7.2): `--records` counters (default 1,000,000), one hot; a
+    /// share `--hot-fraction` of the transactions ADD 1 to the hot one, the rest to a
+    /// uniformly chosen other one.
+    Incr1,
+    /// Doppel's INCRZ (thesis §7.4): each transaction ADDs 1 to one of `--records` counters
+    /// chosen Zipfian(`--alpha`).
+    Incrz,
+    /// Doppel's LIKE (thesis §7.5): users (uniform) like pages (Zipfian `--alpha`); a share
+    /// `--write-fraction` writes (PUT the user's last like, ADD the page's count), the rest
+    /// read both.
+    Like,
+    /// RUBiS bidding mix (thesis §6.1, §7.8): `--variant b` (15% read-write) or `c` (50%
+    /// StoreBid); items chosen Zipfian(`--alpha`); StoreBid as in the thesis' Fig. 6-2.
+    Rubis,
 }
 
 impl WorkloadKind {
@@ -56,6 +74,10 @@ impl WorkloadKind {
             WorkloadKind::Txbench => "txbench",
             WorkloadKind::Intents => "intents",
             WorkloadKind::Tellers => "tellers",
+            WorkloadKind::Incr1 => "incr1",
+            WorkloadKind::Incrz => "incrz",
+            WorkloadKind::Like => "like",
+            WorkloadKind::Rubis => "rubis",
         }
     }
 }
@@ -169,6 +191,13 @@ pub trait Workload: Sync + Sized {
         false
     }
 
+    /// `--cc atomic`: performs the current transaction as plain atomic memory operations
+    /// without a transaction (Doppel thesis §7.2's upper bound). Returns `false` if the
+    /// workload has no such form (the default).
+    fn execute_atomic(&self, _w: &Self::Worker) -> bool {
+        false
+    }
+
     /// Checks the workload's invariants on a quiescent database; `ledger` holds every commit
     /// made on it. Returns a one-line summary, or an error describing the violation.
     fn check(&self, db: &Database, ledger: &Ledger) -> anyhow::Result<String>;
@@ -193,6 +222,36 @@ pub(crate) mod testutil {
         ];
         p.extend(extra.iter().cloned());
         RunConfig::from_point(&Point(p)).expect("valid test configuration")
+    }
+
+    /// A run configuration of concurrency control `cc` (two threads, no log) with the
+    /// `extra` options.
+    pub fn config_cc(cc: &str, extra: &[(&'static str, Value)]) -> RunConfig {
+        let mut p = vec![
+            ("cc", Value::from(cc)),
+            ("log", Value::from("none")),
+            ("threads", Value::Int(2)),
+            ("seed", Value::Int(42)),
+        ];
+        p.extend(extra.iter().cloned());
+        RunConfig::from_point(&Point(p)).expect("valid test configuration")
+    }
+
+    /// An in-memory database with `cfg`'s options; Doppel phases shortened to 2 ms.
+    pub fn open(cfg: &RunConfig) -> Database {
+        let mut o = cfg.options.clone();
+        o.doppel.split_phase = std::time::Duration::from_millis(2);
+        Database::in_memory_with(o)
+    }
+
+    /// Waits (up to 2 s) until Doppel has entered a split phase with the hinted keys.
+    pub fn await_split(db: &Database) {
+        let t0 = std::time::Instant::now();
+        while db.doppel_stats().is_some_and(|s| s.split_phases == 0)
+            && t0.elapsed() < std::time::Duration::from_secs(2)
+        {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
     }
 
     /// Runs `n` transactions on each of two threads, retrying retryable aborts; returns the

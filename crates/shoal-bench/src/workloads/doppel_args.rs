@@ -1,0 +1,336 @@
+//! Command-line options of the Doppel workloads (INCR1, INCRZ, LIKE, RUBiS) and of Doppel
+//! itself (`--phase-ms`), the sweep axes they become, the skip rules of `--cc atomic`, and the
+//! Doppel counters a run's record carries.
+
+use serde::Serialize;
+use shoal::doppel::DoppelStats;
+use shoal::Database;
+
+use super::WorkloadKind;
+use crate::harness::{Cc, RunConfig};
+use crate::sweep::{Axis, Value};
+
+/// `--variant` of RUBiS.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Variant {
+    /// RUBiS-B: the bidding mix, 15% read-write transactions.
+    B,
+    /// RUBiS-C: half the transactions are StoreBid.
+    C,
+}
+
+impl Variant {
+    /// The command-line name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Variant::B => "b",
+            Variant::C => "c",
+        }
+    }
+}
+
+/// The options of the Doppel workloads, flattened into `shoal bench`'s arguments.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DoppelArgs {
+    /// incr1: share (0 to 1) of the transactions that ADD to the one hot counter.
+    #[arg(long, value_delimiter = ',', value_name = "LIST", default_value = "0.5",
+          value_parser = parse_fraction)]
+    pub hot_fraction: Vec<f64>,
+
+    /// incrz, like, rubis: Zipf exponent of the key (page, item) popularity; 0 = uniform.
+    /// Defaults: incrz 1.4, like 1.4, rubis 1.8.
+    #[arg(long, value_delimiter = ',', value_name = "LIST", value_parser = parse_alpha)]
+    pub alpha: Option<Vec<f64>>,
+
+    /// like: share (0 to 1) of the transactions that write (like a page); the rest read.
+    #[arg(long, value_delimiter = ',', value_name = "LIST", default_value = "0.5",
+          value_parser = parse_fraction)]
+    pub write_fraction: Vec<f64>,
+
+    /// rubis: `b` (RUBiS-B, the bidding mix) or `c` (RUBiS-C: 50% StoreBid).
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        value_name = "LIST",
+        default_value = "c"
+    )]
+    pub variant: Vec<Variant>,
+
+    /// Doppel: split phase length t_s in milliseconds (`DoppelOptions::split_phase`;
+    /// default 20). Changes the database: each value gets its own load.
+    #[arg(long, value_delimiter = ',', value_name = "LIST", value_parser = parse_phase_ms)]
+    pub phase_ms: Option<Vec<f64>>,
+}
+
+fn parse_fraction(s: &str) -> Result<f64, String> {
+    let v: f64 = s.trim().parse().map_err(|e| format!("{e}"))?;
+    if (0.0..=1.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!("{v} is not between 0 and 1"))
+    }
+}
+
+fn parse_alpha(s: &str) -> Result<f64, String> {
+    crate::dist::parse_theta(s)
+}
+
+fn parse_phase_ms(s: &str) -> Result<f64, String> {
+    let v: f64 = s.trim().parse().map_err(|e| format!("{e}"))?;
+    if v.is_finite() && v > 0.0 && v <= 60_000.0 {
+        Ok(v)
+    } else {
+        Err(format!(
+            "{v}: a phase length in ms, more than 0 and at most 60000"
+        ))
+    }
+}
+
+/// Whether `w` is one of the workloads of this module.
+pub fn is_doppel_workload(w: WorkloadKind) -> bool {
+    matches!(
+        w,
+        WorkloadKind::Incr1 | WorkloadKind::Incrz | WorkloadKind::Like | WorkloadKind::Rubis
+    )
+}
+
+/// Whether `w` has a `--cc atomic` form.
+pub fn has_atomic(w: WorkloadKind) -> bool {
+    matches!(w, WorkloadKind::Incr1 | WorkloadKind::Incrz)
+}
+
+impl DoppelArgs {
+    /// Axes that change the database, to go with the engine options: `records` for these
+    /// workloads (`given`, default 1,000,000) and `phase-ms` when given.
+    pub fn db_axes(&self, w: WorkloadKind, records: Option<&[u64]>) -> Vec<Axis> {
+        let mut axes = Vec::new();
+        if is_doppel_workload(w) {
+            let r = records.map_or_else(|| vec![1_000_000], <[u64]>::to_vec);
+            axes.push(Axis::new("records", true, r));
+        }
+        if let Some(p) = &self.phase_ms {
+            axes.push(Axis::new("phase-ms", true, p.iter().copied()));
+        }
+        axes
+    }
+
+    /// The workload's own axes (not changing the database).
+    pub fn workload_axes(&self, w: WorkloadKind) -> Vec<Axis> {
+        let alpha = |default: f64| {
+            let a = self.alpha.clone().unwrap_or_else(|| vec![default]);
+            Axis::new("alpha", false, a)
+        };
+        match w {
+            WorkloadKind::Incr1 => vec![Axis::new(
+                "hot-fraction",
+                false,
+                self.hot_fraction.iter().copied(),
+            )],
+            WorkloadKind::Incrz => vec![alpha(1.4)],
+            WorkloadKind::Like => vec![
+                alpha(1.4),
+                Axis::new("write-fraction", false, self.write_fraction.iter().copied()),
+            ],
+            WorkloadKind::Rubis => vec![
+                Axis::new("variant", false, self.variant.iter().map(|v| v.name())),
+                alpha(1.8),
+            ],
+            _ => Vec::new(),
+        }
+    }
+}
+
+/// Whether `cfg` repeats a planned run: `--phase-ms` does not apply to other concurrency
+/// controls than Doppel, so their runs that differ only in it are dropped, and the first one
+/// kept loses the option (its record does not name a phase length it did not use).
+pub fn repeats_without_phase(
+    cfg: &mut RunConfig,
+    planned: &[(RunConfig, crate::sweep::Point)],
+) -> bool {
+    if cfg.cc == Cc::Doppel || cfg.point.get("phase-ms").is_none() {
+        return false;
+    }
+    cfg.point.0.retain(|(n, _)| *n != "phase-ms");
+    planned.iter().any(|(c, _)| c.point == cfg.point)
+}
+
+/// Why `cfg` cannot run on `workload`: `--cc atomic` on a workload without an atomic form.
+pub fn skip_reason(cfg: &RunConfig, workload: Option<WorkloadKind>) -> Option<String> {
+    if cfg.cc == Cc::Atomic && workload.is_some_and(|w| !has_atomic(w)) {
+        return Some(format!(
+            "skipping {}: --cc atomic (plain atomic adds, no transactions) applies to the \
+             INCR workloads only",
+            cfg.point.describe()
+        ));
+    }
+    None
+}
+
+/// Reads a number option of a sweep point (`default` when the sweep has no such axis).
+pub fn float(cfg: &RunConfig, name: &str, default: f64) -> f64 {
+    match cfg.point.get(name) {
+        Some(Value::Float(v)) => *v,
+        Some(Value::Int(v)) => *v as f64,
+        _ => default,
+    }
+}
+
+/// Reads a name option of a sweep point (`default` when the sweep has no such axis).
+pub fn text<'a>(cfg: &'a RunConfig, name: &str, default: &'a str) -> &'a str {
+    match cfg.point.get(name) {
+        Some(Value::Text(v)) => v,
+        _ => default,
+    }
+}
+
+/// Doppel's counters over one run, for its record.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct DoppelRun {
+    /// Records split at the end of the measurement window (0 if the window ended in a
+    /// joined phase with nothing split for the next one).
+    pub split_keys: usize,
+    /// Most records split at once in the window (sampled every 10 ms).
+    pub split_keys_max: usize,
+    /// Mean number of records split in the window (sampled every 10 ms).
+    pub split_keys_mean: f64,
+    /// Share of the window's samples that found the database in a split phase.
+    pub split_time: f64,
+    /// Most records split at once so far on this database.
+    pub max_split_keys: usize,
+    /// Split phases entered during the run (warm-up included).
+    pub split_phases: u64,
+    /// Transactions the engine stashed during the run (warm-up included).
+    pub stashed: u64,
+    /// Phase changes cancelled during the run (transactions did not drain in time).
+    pub cancelled_changes: u64,
+    /// Every record split at some sample of the window, as `table/key:OP`, most often split
+    /// first (at most 32).
+    pub split: Vec<String>,
+}
+
+/// Samples Doppel's state during a run's measurement window.
+pub struct DoppelSampler {
+    start: Option<DoppelStats>,
+    samples: u64,
+    in_split: u64,
+    sum: u64,
+    max: usize,
+    seen: Vec<(String, u64)>,
+}
+
+impl DoppelSampler {
+    /// Starts sampling `db` (does nothing unless it runs Doppel).
+    pub fn new(db: &Database) -> DoppelSampler {
+        DoppelSampler {
+            start: db.doppel_stats(),
+            samples: 0,
+            in_split: 0,
+            sum: 0,
+            max: 0,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Takes one sample (called every 10 ms of the measurement window).
+    pub fn tick(&mut self, db: &Database) {
+        let Some(s) = db.doppel_stats() else { return };
+        self.samples += 1;
+        if s.phase != Some(shoal::doppel::Phase::Split) {
+            return;
+        }
+        self.in_split += 1;
+        let keys = db.split_keys();
+        self.sum += keys.len() as u64;
+        self.max = self.max.max(keys.len());
+        for (t, k, op) in keys {
+            let name = format!("{t}/{}:{op:?}", String::from_utf8_lossy(&k));
+            match self.seen.iter_mut().find(|(n, _)| *n == name) {
+                Some(e) => e.1 += 1,
+                None => self.seen.push((name, 1)),
+            }
+        }
+    }
+
+    /// The run's counters; `None` unless the database runs Doppel.
+    pub fn finish(mut self, db: &Database) -> Option<DoppelRun> {
+        let end = db.doppel_stats()?;
+        let s = self.start.clone().unwrap_or_default();
+        self.seen
+            .sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        let n = self.samples.max(1) as f64;
+        Some(DoppelRun {
+            split_keys: end.split_keys,
+            split_keys_max: self.max,
+            split_keys_mean: (self.sum as f64 / n * 100.0).round() / 100.0,
+            split_time: (self.in_split as f64 / n * 1000.0).round() / 1000.0,
+            max_split_keys: end.max_split_keys,
+            split_phases: end.split_phases.saturating_sub(s.split_phases),
+            stashed: end.stashed.saturating_sub(s.stashed),
+            cancelled_changes: end.cancelled_changes.saturating_sub(s.cancelled_changes),
+            split: self.seen.into_iter().take(32).map(|(n, _)| n).collect(),
+        })
+    }
+}
+
+/// Fixed-width key `PREFIX` + 15 hex digits of `id` (16 bytes with a one-byte prefix, the
+/// thesis' 16-byte keys), written into `buf` without allocating.
+pub fn key16(prefix: u8, id: u64, buf: &mut [u8; 16]) -> &[u8; 16] {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    buf[0] = prefix;
+    for (i, b) in buf[1..].iter_mut().enumerate() {
+        let shift = 4 * (14 - i);
+        *b = HEX[((id >> shift) & 0xf) as usize];
+    }
+    buf
+}
+
+/// Parses a key written by [`key16`] back into its id.
+pub fn parse_key16(key: &[u8]) -> Option<u64> {
+    if key.len() != 16 {
+        return None;
+    }
+    u64::from_str_radix(std::str::from_utf8(&key[1..]).ok()?, 16).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn phase_ms_applies_to_doppel_only() {
+        use crate::sweep::{Axis, Sweep};
+        let sweep = Sweep {
+            axes: vec![
+                Axis::new("cc", true, ["occ", "doppel", "atomic"]),
+                Axis::new("log", true, ["none"]),
+                Axis::new("phase-ms", true, [1.0, 5.0]),
+                Axis::new("threads", false, [2u64]),
+                Axis::new("seed", false, [1u64]),
+            ],
+        };
+        let plan = crate::harness::plan_for(&sweep, Some(WorkloadKind::Like)).unwrap();
+        let runs: Vec<String> = plan.runs.iter().map(|(c, _)| c.point.describe()).collect();
+        assert_eq!(
+            runs,
+            [
+                "cc=occ log=none threads=2 seed=1",
+                "cc=doppel log=none phase-ms=1 threads=2 seed=1",
+                "cc=doppel log=none phase-ms=5 threads=2 seed=1",
+            ]
+        );
+        let phase = |i: usize| plan.runs[i].0.options.doppel.split_phase;
+        assert_eq!(phase(2), std::time::Duration::from_millis(5));
+        // atomic is skipped (like has no atomic form) with one note per point.
+        assert_eq!(plan.skipped.len(), 1, "{:?}", plan.skipped);
+        assert!(plan.skipped[0].contains("cc=atomic"));
+    }
+
+    #[test]
+    fn keys_are_sixteen_bytes_and_parse_back() {
+        let mut b = [0u8; 16];
+        assert_eq!(key16(b'k', 0x2a, &mut b), b"k00000000000002a");
+        assert_eq!(parse_key16(&b), Some(0x2a));
+        assert_eq!(parse_key16(b"short"), None);
+    }
+}

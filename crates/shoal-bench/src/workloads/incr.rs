@@ -1,0 +1,339 @@
+//! Doppel's INCR microbenchmarks (Narula 2015, §7.2 and §7.4).
+//!
+//! One table `counters` of `--records` counters (default 1,000,000) under 16-byte keys
+//! `k` + 15 hex digits, each an 8-byte little-endian integer loaded as 0. Every transaction
+//! adds 1 to one counter:
+//!
+//! * **incr1** (`--hot-fraction X`): counter 0 is hot; with probability X the transaction adds
+//!   to it, otherwise to a uniformly chosen other counter. Types `hot` and `other`.
+//! * **incrz** (`--alpha A`): the counter is drawn Zipfian(A) (counter 0 the most popular);
+//!   A = 0 is uniform.
+//!
+//! Under `2pl`, `occ` and `none` the increment is [`Transaction::add`] (a read-modify-write);
+//! under `doppel` it is [`Transaction::add_blind`], which Doppel can split; under `atomic` it
+//! is an atomic `fetch_add` on an in-memory array of counters, with no transaction (the
+//! thesis' Atomic upper bound). The check: the counters (plus the atomic array) add up to the
+//! transactions committed.
+
+use std::sync::atomic::{AtomicI64, Ordering};
+
+use anyhow::{bail, Context};
+use indicatif::ProgressBar;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use shoal::{Database, Table, Transaction};
+
+use super::doppel_args::{float, key16, parse_key16};
+use super::{parallel_load, Ledger, Workload};
+use crate::dist::{KeyDist, Sampler};
+use crate::harness::{Cc, RunConfig};
+
+/// Counters per load transaction.
+const LOAD_CHUNK: u64 = 10_000;
+/// Counters per check transaction.
+const CHECK_CHUNK: u64 = 100_000;
+
+/// The loaded counters.
+pub struct Incr {
+    table: Table,
+    n: u64,
+    /// `--cc atomic`: the in-memory counters.
+    atomic: Option<Box<[AtomicI64]>>,
+    /// Which variant: incr1 (with a hot key) or incrz.
+    hot_key: bool,
+}
+
+/// A worker's state: the generator and the current counter.
+pub struct IncrWorker {
+    rng: SmallRng,
+    blind: bool,
+    /// incr1: share of hot transactions.
+    hot_fraction: f64,
+    /// incrz: the counter distribution.
+    sampler: Sampler,
+    id: u64,
+    hot: bool,
+    key: [u8; 16],
+}
+
+impl Incr {
+    /// Whether the run is incr1 (its point has `hot-fraction`) rather than incrz.
+    fn is_incr1(cfg: &RunConfig) -> bool {
+        cfg.point.get("hot-fraction").is_some()
+    }
+
+    fn scan_sum(&self, db: &Database) -> anyhow::Result<(u64, i64)> {
+        let (mut rows, mut sum) = (0u64, 0i64);
+        let mut lo = 0u64;
+        while lo < self.n {
+            let hi = (lo + CHECK_CHUNK).min(self.n);
+            let (mut a, mut b) = ([0u8; 16], [0u8; 16]);
+            let (a, b) = (
+                key16(b'k', lo, &mut a).to_vec(),
+                key16(b'k', hi, &mut b).to_vec(),
+            );
+            let chunk = db
+                .run(|tx| tx.scan(&self.table, a.clone()..b.clone()))
+                .context("scanning counters")?;
+            for (k, v) in &chunk {
+                let id = parse_key16(k).with_context(|| format!("bad key {k:02x?}"))?;
+                let v: [u8; 8] = v.as_slice().try_into().context("a counter value")?;
+                if id >= self.n {
+                    bail!("counter {id} beyond the {} loaded", self.n);
+                }
+                sum += i64::from_le_bytes(v);
+            }
+            rows += chunk.len() as u64;
+            lo = hi;
+        }
+        Ok((rows, sum))
+    }
+}
+
+impl Workload for Incr {
+    type Worker = IncrWorker;
+
+    fn rows(cfg: &RunConfig) -> u64 {
+        cfg.records
+    }
+
+    fn load(
+        db: &Database,
+        cfg: &RunConfig,
+        load_threads: usize,
+        progress: &ProgressBar,
+    ) -> anyhow::Result<Incr> {
+        let n = cfg.records.max(2);
+        let table = db
+            .create_table("counters")
+            .context("creating table counters (is the database empty?)")?;
+        let chunks: Vec<u64> = (0..n).step_by(LOAD_CHUNK as usize).collect();
+        parallel_load(&chunks, load_threads, progress, |&lo| {
+            let hi = (lo + LOAD_CHUNK).min(n);
+            db.run(|tx| {
+                let mut k = [0u8; 16];
+                for i in lo..hi {
+                    tx.insert(&table, key16(b'k', i, &mut k), 0i64.to_le_bytes())?;
+                }
+                Ok(())
+            })?;
+            Ok(hi - lo)
+        })?;
+        let atomic = (cfg.cc == Cc::Atomic).then(|| (0..n).map(|_| AtomicI64::new(0)).collect());
+        Ok(Incr {
+            table,
+            n,
+            atomic,
+            hot_key: Incr::is_incr1(cfg),
+        })
+    }
+
+    fn worker(&self, cfg: &RunConfig, _run: u16, _thread: u16, seed: u64) -> IncrWorker {
+        IncrWorker {
+            rng: SmallRng::seed_from_u64(seed),
+            blind: cfg.cc == Cc::Doppel,
+            hot_fraction: float(cfg, "hot-fraction", 0.0).clamp(0.0, 1.0),
+            sampler: KeyDist::Zipf(float(cfg, "alpha", 0.0)).over(self.n),
+            id: 0,
+            hot: false,
+            key: [0; 16],
+        }
+    }
+
+    fn next(&self, w: &mut IncrWorker) {
+        if self.hot_key {
+            w.hot = w.rng.gen_bool(w.hot_fraction);
+            w.id = if w.hot { 0 } else { w.rng.gen_range(1..self.n) };
+        } else {
+            w.id = w.sampler.sample(&mut w.rng);
+            w.hot = false;
+        }
+        key16(b'k', w.id, &mut w.key);
+    }
+
+    fn execute(&self, w: &IncrWorker, tx: &mut Transaction<'_>) -> shoal::Result<()> {
+        if w.blind {
+            tx.add_blind(&self.table, w.key, 1)
+        } else {
+            tx.add(&self.table, w.key, 1).map(|_| ())
+        }
+    }
+
+    fn execute_atomic(&self, w: &IncrWorker) -> bool {
+        match &self.atomic {
+            Some(a) => {
+                a[w.id as usize].fetch_add(1, Ordering::Relaxed);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn committed(&self, _w: &mut IncrWorker) {}
+
+    fn kinds(&self) -> &'static [&'static str] {
+        if self.hot_key {
+            &["hot", "other"]
+        } else {
+            &["incr"]
+        }
+    }
+
+    fn kind(&self, w: &IncrWorker) -> usize {
+        usize::from(self.hot_key && !w.hot)
+    }
+
+    fn check(&self, db: &Database, ledger: &Ledger) -> anyhow::Result<String> {
+        let (rows, sum) = self.scan_sum(db)?;
+        if rows != self.n {
+            bail!("{rows} counters, expected {}", self.n);
+        }
+        let atomic: i64 = self
+            .atomic
+            .iter()
+            .flat_map(|a| a.iter())
+            .map(|c| c.load(Ordering::Relaxed))
+            .sum();
+        let total = sum + atomic;
+        if total < 0 || total as u64 != ledger.total() {
+            bail!(
+                "counters add up to {sum} (+ {atomic} atomic adds), but {} transactions \
+                 committed",
+                ledger.total()
+            );
+        }
+        let hot = if self.hot_key {
+            let mut k = [0u8; 16];
+            let k = key16(b'k', 0, &mut k);
+            let v = db.run(|tx| tx.get_i64(&self.table, k))?.unwrap_or(0);
+            let a = self
+                .atomic
+                .as_ref()
+                .map_or(0, |a| a[0].load(Ordering::Relaxed));
+            format!(", hot counter {}", v + a)
+        } else {
+            String::new()
+        };
+        Ok(format!(
+            "{} counters add up to {total} commits{}{hot}",
+            self.n,
+            if self.atomic.is_some() {
+                " (atomic adds)"
+            } else {
+                ""
+            }
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sweep::Value;
+    use crate::workloads::testutil::{await_split, config_cc as config, open, run_txns};
+
+    fn run(cc: &str, extra: &[(&'static str, Value)]) {
+        let mut x = vec![("records", Value::Int(500))];
+        x.extend_from_slice(extra);
+        let cfg = config(cc, &x);
+        let db = open(&cfg);
+        let w = Incr::load(&db, &cfg, 2, &ProgressBar::hidden()).unwrap();
+        if cc == "doppel" {
+            // Split the hottest counter from the start (the classification needs longer).
+            db.split_hint(&w.table, b"k000000000000000", shoal::doppel::SplitOp::Add)
+                .unwrap();
+            await_split(&db);
+        }
+        let ledger = run_txns(&w, &db, &cfg, 300);
+        if cc == "doppel" {
+            let s = db.doppel_stats().unwrap();
+            assert!(s.split_phases > 0 && s.max_split_keys >= 1, "{s:?}");
+        }
+        let msg = w
+            .check(&db, &ledger)
+            .unwrap_or_else(|e| panic!("{cc}: {e:#}"));
+        assert!(msg.contains("600 commits"), "{msg}");
+        let wrong = Ledger {
+            commits: vec![vec![599]],
+        };
+        assert!(w.check(&db, &wrong).is_err());
+    }
+
+    #[test]
+    fn incr1_checks_under_every_cc() {
+        for cc in ["2pl", "occ", "doppel"] {
+            run(cc, &[("hot-fraction", Value::Float(0.9))]);
+        }
+    }
+
+    #[test]
+    fn incrz_checks_under_every_cc() {
+        for cc in ["2pl", "occ", "doppel"] {
+            run(cc, &[("alpha", Value::Float(1.4))]);
+        }
+    }
+
+    #[test]
+    fn atomic_adds_count_in_the_check() {
+        let cfg = config(
+            "atomic",
+            &[
+                ("records", Value::Int(100)),
+                ("hot-fraction", Value::Float(1.0)),
+            ],
+        );
+        let db = open(&cfg);
+        let w = Incr::load(&db, &cfg, 1, &ProgressBar::hidden()).unwrap();
+        let mut st = w.worker(&cfg, 0, 0, 1);
+        for _ in 0..50 {
+            w.next(&mut st);
+            assert_eq!((st.id, st.hot), (0, true));
+            assert!(w.execute_atomic(&st));
+        }
+        let ledger = Ledger {
+            commits: vec![vec![50]],
+        };
+        let msg = w.check(&db, &ledger).unwrap();
+        assert!(msg.contains("hot counter 50"), "{msg}");
+    }
+
+    #[test]
+    fn incrz_popularity_matches_the_thesis_table() {
+        // Thesis Table 7.1: with alpha 1.4 over 1M keys the most popular key takes 32.30% of
+        // the writes, the second 12.24%.
+        let s = KeyDist::Zipf(1.4).over(1_000_000);
+        let mut rng = SmallRng::seed_from_u64(5);
+        let (mut first, mut second) = (0u32, 0u32);
+        for _ in 0..100_000 {
+            match s.sample(&mut rng) {
+                0 => first += 1,
+                1 => second += 1,
+                _ => {}
+            }
+        }
+        assert!((31_000..33_600).contains(&first), "{first}");
+        assert!((11_500..13_000).contains(&second), "{second}");
+    }
+
+    #[test]
+    fn incr1_hot_share_follows_the_fraction() {
+        let cfg = config(
+            "2pl",
+            &[
+                ("records", Value::Int(100)),
+                ("hot-fraction", Value::Float(0.25)),
+            ],
+        );
+        let db = open(&cfg);
+        let w = Incr::load(&db, &cfg, 1, &ProgressBar::hidden()).unwrap();
+        let mut st = w.worker(&cfg, 0, 0, 3);
+        let mut hot = 0;
+        for _ in 0..10_000 {
+            w.next(&mut st);
+            assert!(st.id < 100);
+            assert_eq!(st.hot, st.id == 0);
+            hot += usize::from(st.hot);
+        }
+        assert!((2_200..2_800).contains(&hot), "{hot}");
+    }
+}

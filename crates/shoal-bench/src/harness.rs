@@ -508,6 +508,7 @@ fn run_group(
         WorkloadKind::Insert => run_loaded::<Insert>(params, &db, group, db_key, on_run),
         WorkloadKind::Txbench => run_loaded::<Txbench>(params, &db, group, db_key, on_run),
         WorkloadKind::Intents => run_loaded::<Intents>(params, &db, group, db_key, on_run),
+        WorkloadKind::Incr1 => bail!("incr1 runs through the portable path (--engine) only"),
     }
 }
 

@@ -11,8 +11,10 @@
 
 mod dist;
 mod engine_opts;
+mod engines;
 mod harness;
 mod html;
+mod portable;
 mod report;
 mod rss;
 mod sweep;
@@ -244,6 +246,10 @@ struct BenchArgs {
     /// Hide the progress bars.
     #[arg(long)]
     no_progress: bool,
+
+    /// Peer engines (`--engine`, `--hot-fraction`): see `src/portable`.
+    #[command(flatten)]
+    peers: portable::PeerArgs,
 }
 
 fn parse_mix(s: &str) -> Result<String, String> {
@@ -395,6 +401,39 @@ impl BenchArgs {
         Sweep { axes }
     }
 
+    /// The options of the portable path (`--engine`); without `--engine` (INCR1 alone),
+    /// shoal-2pl.
+    fn portable_params(&self) -> portable::PortableParams {
+        let mut engines = self.peers.engine.clone();
+        if engines.is_empty() {
+            engines.push(engines::EngineKind::Shoal2pl);
+        }
+        portable::PortableParams {
+            workload: self.workload,
+            engines,
+            logs: self.log.clone(),
+            threads: self.threads.clone(),
+            scales: self.scale.clone(),
+            records: self.records.clone(),
+            field_sizes: self.field_size.clone(),
+            mixes: self.mix.clone(),
+            hot_fractions: self.peers.hot_fraction.clone(),
+            dist: (self.zipf.iter().flatten().map(|t| dist::KeyDist::Zipf(*t)))
+                .chain(
+                    self.self_similar
+                        .iter()
+                        .flatten()
+                        .map(|h| dist::KeyDist::SelfSimilar(*h)),
+                )
+                .next(),
+            seeds: self.seed.clone(),
+            warmup: Duration::from_secs_f64(self.warmup),
+            duration: Duration::from_secs_f64(self.duration),
+            db_dir: self.db.clone(),
+            json: self.json.clone(),
+        }
+    }
+
     fn params(&self) -> Params {
         Params {
             workload: self.workload,
@@ -407,6 +446,9 @@ impl BenchArgs {
 }
 
 fn bench(args: &BenchArgs) -> anyhow::Result<()> {
+    if !args.peers.engine.is_empty() || args.workload == WorkloadKind::Incr1 {
+        return portable::run(&args.portable_params());
+    }
     for m in args.mix.iter().flatten() {
         let ok = match args.workload {
             WorkloadKind::Ycsb => workloads::ycsb::Mix::parse(m).is_some(),
@@ -415,7 +457,8 @@ fn bench(args: &BenchArgs) -> anyhow::Result<()> {
             | WorkloadKind::Keyrange
             | WorkloadKind::Insert
             | WorkloadKind::Txbench
-            | WorkloadKind::Intents => false,
+            | WorkloadKind::Intents
+            | WorkloadKind::Incr1 => false,
         };
         if !ok {
             anyhow::bail!("--mix {m} does not apply to {}", args.workload.name());

@@ -38,6 +38,10 @@ pub enum WorkloadKind {
     /// Intent-lock-only transactions (Kimura et al. 2012 Fig. 4): IS or IX on four tables,
     /// `--absolute-locks` per million take X on a table or the database.
     Intents,
+    /// INCR1 (Doppel): one ADD(k, 1) per transaction on `--records` counters, on the one hot
+    /// key with probability `--hot-fraction`. Portable path only (`--engine`, see
+    /// `src/portable/incr.rs`).
+    Incr1,
 }
 
 impl WorkloadKind {
@@ -51,6 +55,7 @@ impl WorkloadKind {
             WorkloadKind::Insert => "insert",
             WorkloadKind::Txbench => "txbench",
             WorkloadKind::Intents => "intents",
+            WorkloadKind::Incr1 => "incr1",
         }
     }
 }

@@ -207,6 +207,49 @@ impl PortableRecord {
 /// Runs the portable sweep, prints the table and writes the JSON; fails if a consistency check
 /// failed or an engine hit a fatal error.
 pub fn run(p: &PortableParams) -> anyhow::Result<()> {
+    let (records, failure) = execute(p);
+    if !records.is_empty() {
+        print!("{}", render_table(p, &records));
+    }
+    if let Some(path) = &p.json {
+        let text = serde_json::to_string_pretty(&records)?;
+        std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("wrote {} records to {}", records.len(), path.display());
+    }
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    if let Some(bad) = records.iter().find(|r| r.check.starts_with("FAILED")) {
+        bail!(
+            "{} {}: consistency {}",
+            bad.engine,
+            bad.peer_key(),
+            bad.check
+        );
+    }
+    Ok(())
+}
+
+/// Runs the sweep: the records of the runs done, and the error that stopped it, if any.
+pub fn execute(p: &PortableParams) -> (Vec<PortableRecord>, Option<anyhow::Error>) {
+    let mut records = Vec::new();
+    let failure = sweep(p, &mut records).err();
+    // Ratios to shoal-2pl on the same options.
+    let base: BTreeMap<String, f64> = records
+        .iter()
+        .filter(|r| r.engine == EngineKind::Shoal2pl.name())
+        .map(|r| (r.peer_key(), r.throughput))
+        .collect();
+    for r in &mut records {
+        r.vs_shoal_2pl = base
+            .get(&r.peer_key())
+            .filter(|b| **b > 0.0)
+            .map(|b| (r.throughput / b * 1000.0).round() / 1000.0);
+    }
+    (records, failure)
+}
+
+fn sweep(p: &PortableParams, records: &mut Vec<PortableRecord>) -> anyhow::Result<()> {
     for e in &p.engines {
         if !e.available() {
             bail!(
@@ -285,9 +328,7 @@ pub fn run(p: &PortableParams) -> anyhow::Result<()> {
     };
     let dist = p.dist.unwrap_or(KeyDist::Zipf(0.99));
 
-    let mut records: Vec<PortableRecord> = Vec::new();
-    let mut failure = None;
-    'all: for load in &loads {
+    for load in &loads {
         for &(log, dur) in &durabilities {
             for &engine in &p.engines {
                 let mut runs = Vec::new();
@@ -310,50 +351,16 @@ pub fn run(p: &PortableParams) -> anyhow::Result<()> {
                 }
                 let res = match p.workload {
                     WorkloadKind::Tpcb => {
-                        run_group::<tpcb::Tpcb>(p, engine, log, dur, load, &runs, &mut records)
+                        run_group::<tpcb::Tpcb>(p, engine, log, dur, load, &runs, records)
                     }
                     WorkloadKind::Ycsb => {
-                        run_group::<ycsb::Ycsb>(p, engine, log, dur, load, &runs, &mut records)
+                        run_group::<ycsb::Ycsb>(p, engine, log, dur, load, &runs, records)
                     }
-                    _ => run_group::<incr::Incr1>(p, engine, log, dur, load, &runs, &mut records),
+                    _ => run_group::<incr::Incr1>(p, engine, log, dur, load, &runs, records),
                 };
-                if let Err(e) = res {
-                    failure = Some(e);
-                    break 'all;
-                }
+                res?;
             }
         }
-    }
-    // Ratios to shoal-2pl on the same options.
-    let base: BTreeMap<String, f64> = records
-        .iter()
-        .filter(|r| r.engine == EngineKind::Shoal2pl.name())
-        .map(|r| (r.peer_key(), r.throughput))
-        .collect();
-    for r in &mut records {
-        r.vs_shoal_2pl = base
-            .get(&r.peer_key())
-            .filter(|b| **b > 0.0)
-            .map(|b| (r.throughput / b * 1000.0).round() / 1000.0);
-    }
-    if !records.is_empty() {
-        print!("{}", render_table(p, &records));
-    }
-    if let Some(path) = &p.json {
-        let text = serde_json::to_string_pretty(&records)?;
-        std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))?;
-        eprintln!("wrote {} records to {}", records.len(), path.display());
-    }
-    if let Some(e) = failure {
-        return Err(e);
-    }
-    if let Some(bad) = records.iter().find(|r| r.check.starts_with("FAILED")) {
-        bail!(
-            "{} {}: consistency {}",
-            bad.engine,
-            bad.peer_key(),
-            bad.check
-        );
     }
     Ok(())
 }
@@ -738,4 +745,131 @@ pub fn render_table(p: &PortableParams, records: &[PortableRecord]) -> String {
     }
     s.push_str("vs 2pl: throughput / shoal-2pl's with the same options; dl/to/cf: aborts by deadlock / lock timeout (SQLite: busy) / conflict\n");
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(workload: WorkloadKind, engines: &[EngineKind]) -> PortableParams {
+        PortableParams {
+            workload,
+            engines: engines.to_vec(),
+            logs: vec![Log::None],
+            threads: vec![1, 2],
+            scales: vec![1],
+            records: Some(vec![2_000]),
+            field_sizes: vec![10],
+            mixes: None,
+            hot_fractions: None,
+            dist: None,
+            seeds: vec![7],
+            warmup: Duration::ZERO,
+            duration: Duration::from_millis(300),
+            db_dir: None,
+            json: None,
+        }
+    }
+
+    fn all_ok(p: &PortableParams) -> Vec<PortableRecord> {
+        let (records, failure) = execute(p);
+        if let Some(e) = failure {
+            panic!("{e:#}");
+        }
+        assert_eq!(records.len(), p.engines.len() * p.threads.len());
+        for r in &records {
+            assert!(r.check.starts_with("ok"), "{} {}", r.engine, r.check);
+            assert!(r.committed > 0, "{} committed nothing", r.engine);
+        }
+        records
+    }
+
+    #[test]
+    fn shoal_modes_run_every_portable_workload() {
+        let engines = [EngineKind::Shoal2pl, EngineKind::ShoalOcc];
+        let recs = all_ok(&params(WorkloadKind::Tpcb, &engines));
+        assert_eq!(recs[0].vs_shoal_2pl, Some(1.0));
+        assert!(recs[2].vs_shoal_2pl.is_some());
+        let mut y = params(WorkloadKind::Ycsb, &engines);
+        y.mixes = Some(vec!["a".into()]);
+        all_ok(&y);
+        let mut i = params(WorkloadKind::Incr1, &engines);
+        i.hot_fractions = Some(vec![0.5]);
+        all_ok(&i);
+        let table = render_table(&i, &execute(&i).0);
+        assert!(
+            table.contains("shoal-occ") && table.contains("vs 2pl"),
+            "{table}"
+        );
+    }
+
+    #[test]
+    fn the_tpcb_check_catches_a_lost_update() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = EngineKind::Shoal2pl
+            .open(dir.path(), Durability::None)
+            .unwrap();
+        let w = tpcb::Tpcb::load(
+            db.as_ref(),
+            &LoadCfg {
+                scale: 1,
+                records: 0,
+                field_size: 0,
+            },
+        )
+        .unwrap();
+        assert!(w.check(db.as_ref(), [0, 0]).is_ok());
+        // Account 5 changes without a history row: the check must notice.
+        let account = crate::engines::TableId(2);
+        let mut s = db.session().unwrap();
+        let mut tx = s.begin(false).unwrap();
+        tx.add(account, &5u64.to_be_bytes(), 10).unwrap();
+        tx.commit().unwrap();
+        let err = w.check(db.as_ref(), [0, 0]).unwrap_err().to_string();
+        assert!(err.contains("account 5"), "{err}");
+    }
+
+    #[test]
+    fn missing_features_and_logs_are_refused() {
+        let mut p = params(WorkloadKind::Tpcb, &[EngineKind::Shoal2pl]);
+        p.logs = vec![Log::Async];
+        assert!(run(&p).is_err());
+        if !EngineKind::Sqlite.available() {
+            let p = params(WorkloadKind::Tpcb, &[EngineKind::Sqlite]);
+            let err = run(&p).unwrap_err().to_string();
+            assert!(err.contains("--features sqlite"), "{err}");
+        }
+    }
+
+    #[cfg(feature = "sqlite")]
+    #[test]
+    fn sqlite_runs_tpcb_ycsb_and_incr1_consistently() {
+        let e = [EngineKind::Shoal2pl, EngineKind::Sqlite];
+        let recs = all_ok(&params(WorkloadKind::Tpcb, &e));
+        assert!(recs[2].vs_shoal_2pl.is_some());
+        let mut y = params(WorkloadKind::Ycsb, &[EngineKind::Sqlite]);
+        y.mixes = Some(vec!["b".into()]);
+        y.threads = vec![2];
+        all_ok(&y);
+        let mut i = params(WorkloadKind::Incr1, &[EngineKind::Sqlite]);
+        i.threads = vec![2];
+        i.logs = vec![Log::Sync];
+        all_ok(&i);
+    }
+
+    #[cfg(feature = "rocksdb")]
+    #[test]
+    fn rocksdb_runs_tpcb_ycsb_and_incr1_consistently() {
+        let e = [
+            EngineKind::RocksdbPessimistic,
+            EngineKind::RocksdbOptimistic,
+        ];
+        all_ok(&params(WorkloadKind::Tpcb, &e));
+        let mut y = params(WorkloadKind::Ycsb, &e);
+        y.mixes = Some(vec!["a".into()]);
+        all_ok(&y);
+        let mut i = params(WorkloadKind::Incr1, &e);
+        i.hot_fractions = Some(vec![0.9]);
+        all_ok(&i);
+    }
 }

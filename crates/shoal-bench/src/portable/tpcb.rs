@@ -148,8 +148,8 @@ impl PortableWorkload for Tpcb {
         );
         let mut sum = 0i64;
         let field = |v: &[u8], i: usize| -> anyhow::Result<i64> {
-            Ok(decode_i64(v.get(i * 8..).unwrap_or(&[]))
-                .map_err(|e| anyhow::anyhow!("history row: {e}"))?)
+            decode_i64(v.get(i * 8..).unwrap_or(&[]))
+                .map_err(|e| anyhow::anyhow!("history row: {e}"))
         };
         for (_, v) in &history {
             ensure!(v.len() == HISTORY_LEN, "history row of {} bytes", v.len());

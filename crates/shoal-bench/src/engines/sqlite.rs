@@ -194,6 +194,12 @@ fn value_bytes(v: ValueRef<'_>) -> Vec<u8> {
     }
 }
 
+/// Runs a statement without parameters through the connection's statement cache (BEGIN,
+/// COMMIT and ROLLBACK are parsed once per connection, not once per transaction).
+fn exec_cached(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached(sql)?.execute([]).map(|_| ())
+}
+
 struct SqliteSession {
     conn: Connection,
     tables: Vec<TableSql>,
@@ -206,7 +212,7 @@ impl KvSession for SqliteSession {
         } else {
             "BEGIN IMMEDIATE"
         };
-        self.conn.execute_batch(sql).map_err(classify)?;
+        exec_cached(&self.conn, sql).map_err(classify)?;
         Ok(Box::new(SqliteTx {
             s: self,
             open: true,
@@ -232,7 +238,7 @@ impl SqliteTx<'_> {
         if self.open {
             self.open = false;
             // Fails only if SQLite already rolled back (e.g. after some errors): nothing to do.
-            let _ = self.s.conn.execute_batch("ROLLBACK");
+            let _ = exec_cached(&self.s.conn, "ROLLBACK");
         }
     }
 }
@@ -283,7 +289,7 @@ impl KvTx for SqliteTx<'_> {
     }
 
     fn commit(mut self: Box<Self>) -> TxResult<()> {
-        match self.s.conn.execute_batch("COMMIT") {
+        match exec_cached(&self.s.conn, "COMMIT") {
             Ok(()) => {
                 self.open = false;
                 Ok(())

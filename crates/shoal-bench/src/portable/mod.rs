@@ -830,6 +830,33 @@ mod tests {
     }
 
     #[test]
+    fn engine_lists_parse() {
+        use clap::Parser;
+        #[derive(Debug, Parser)]
+        struct Cli {
+            #[command(flatten)]
+            peers: PeerArgs,
+        }
+        let c = Cli::try_parse_from([
+            "t",
+            "--engine",
+            "shoal-2pl,shoal-occ,rocksdb-pessimistic,rocksdb-optimistic,sqlite",
+            "--hot-fraction",
+            "0,0.5",
+        ])
+        .unwrap();
+        assert_eq!(c.peers.engine, EngineKind::ALL);
+        assert_eq!(c.peers.hot_fraction, Some(vec![0.0, 0.5]));
+        for bad in [
+            &["t", "--engine", "mysql"][..],
+            &["t", "--engine", "sqlite,,shoal-2pl"],
+            &["t", "--hot-fraction", "1.5"],
+        ] {
+            assert!(Cli::try_parse_from(bad).is_err(), "accepted {bad:?}");
+        }
+    }
+
+    #[test]
     fn missing_features_and_logs_are_refused() {
         let mut p = params(WorkloadKind::Tpcb, &[EngineKind::Shoal2pl]);
         p.logs = vec![Log::Async];

@@ -23,6 +23,9 @@ use super::{AbortKind, Durability, KvEngine, KvSession, KvTx, TableId, TxError, 
 /// Page cache per connection, KiB (negative `cache_size` = KiB).
 const CACHE_KIB: i64 = 512 * 1024;
 
+/// Memory-mapped I/O for reads of the database file, bytes.
+const MMAP_BYTES: i64 = 1 << 30;
+
 /// A SQLite database file.
 pub struct SqliteEngine {
     path: PathBuf,
@@ -81,7 +84,8 @@ fn connect(path: &Path, durability: Durability) -> anyhow::Result<Connection> {
     };
     c.execute_batch(&format!(
         "PRAGMA journal_mode = WAL; PRAGMA synchronous = {sync}; \
-         PRAGMA cache_size = -{CACHE_KIB}; PRAGMA temp_store = MEMORY;"
+         PRAGMA cache_size = -{CACHE_KIB}; PRAGMA temp_store = MEMORY; \
+         PRAGMA mmap_size = {MMAP_BYTES};"
     ))
     .context("configuring a SQLite connection")?;
     c.busy_handler(Some(busy_handler))?;

@@ -7,6 +7,7 @@
 //! shoal bench tpcb --threads 1,2,4,8 --cc 2pl --duration 10 --json out.json
 //! shoal bench tpcc --warehouses 1,4 --threads 2 --cc 2pl,occ --duration 10
 //! shoal bench insert --threads 1,2,4 --cc 2pl
+//! shoal bench tpcb --engine shoal-2pl,shoal-occ,sqlite   # peer engines: see src/portable
 //! ```
 
 mod dist;
@@ -447,6 +448,21 @@ impl BenchArgs {
 
 fn bench(args: &BenchArgs) -> anyhow::Result<()> {
     if !args.peers.engine.is_empty() || args.workload == WorkloadKind::Incr1 {
+        let shoal_only = [
+            args.lock_table.is_some(),
+            args.intent_locks.is_some(),
+            args.key_range_modes.is_some(),
+            args.deadlock.is_some(),
+            args.victim.is_some(),
+            args.elr.is_some(),
+            args.log_latency.is_some(),
+            args.checkpoint_interval.is_some(),
+            args.lock_timeout.is_some(),
+            args.log_dir.is_some(),
+        ];
+        if shoal_only.contains(&true) {
+            println!("note: --engine runs every engine with its default options; the shoal engine options given are ignored");
+        }
         return portable::run(&args.portable_params());
     }
     for m in args.mix.iter().flatten() {

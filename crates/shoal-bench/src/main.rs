@@ -7,15 +7,18 @@
 //! shoal bench tpcb --threads 1,2,4,8 --cc 2pl --duration 10 --json out.json
 //! shoal bench tpcc --warehouses 1,4 --threads 2 --cc 2pl,occ --duration 10
 //! shoal bench insert --threads 1,2,4 --cc 2pl
+//! shoal bench tpcb --engine shoal-2pl,shoal-occ,sqlite   # peer engines: see src/portable
 //! ```
 
 mod dist;
 mod engine_opts;
+mod engines;
 mod exp;
 mod harness;
 mod html;
 mod interval;
 mod plot;
+mod portable;
 mod recover;
 mod report;
 mod rss;
@@ -279,6 +282,9 @@ struct BenchArgs {
     /// Options of the Doppel workloads (incr1, incrz, like, rubis) and of Doppel.
     #[command(flatten)]
     doppel: workloads::doppel_args::DoppelArgs,
+    /// Peer engines (`--engine`): see `src/portable`.
+    #[command(flatten)]
+    peers: portable::PeerArgs,
 }
 
 fn parse_mix(s: &str) -> Result<String, String> {
@@ -441,6 +447,40 @@ impl BenchArgs {
         Sweep { axes }
     }
 
+    /// The options of the portable path (`--engine`); without `--engine` (INCR1 alone),
+    /// shoal-2pl.
+    fn portable_params(&self) -> portable::PortableParams {
+        let mut engines = self.peers.engine.clone();
+        if engines.is_empty() {
+            engines.push(engines::EngineKind::Shoal2pl);
+        }
+        portable::PortableParams {
+            workload: self.workload,
+            engines,
+            logs: self.log.clone(),
+            threads: self.threads.clone(),
+            scales: self.scale.clone(),
+            records: self.records.clone(),
+            field_sizes: self.field_size.clone(),
+            mixes: self.mix.clone(),
+            hot_fractions: (self.workload == WorkloadKind::Incr1)
+                .then(|| self.doppel.hot_fraction.clone()),
+            dist: (self.zipf.iter().flatten().map(|t| dist::KeyDist::Zipf(*t)))
+                .chain(
+                    self.self_similar
+                        .iter()
+                        .flatten()
+                        .map(|h| dist::KeyDist::SelfSimilar(*h)),
+                )
+                .next(),
+            seeds: self.seed.clone(),
+            warmup: Duration::from_secs_f64(self.warmup),
+            duration: Duration::from_secs_f64(self.duration),
+            db_dir: self.db.clone(),
+            json: self.json.clone(),
+        }
+    }
+
     fn params(&self) -> Params {
         Params {
             workload: self.workload,
@@ -454,6 +494,24 @@ impl BenchArgs {
 }
 
 fn bench(args: &BenchArgs) -> anyhow::Result<()> {
+    if !args.peers.engine.is_empty() {
+        let shoal_only = [
+            args.lock_table.is_some(),
+            args.intent_locks.is_some(),
+            args.key_range_modes.is_some(),
+            args.deadlock.is_some(),
+            args.victim.is_some(),
+            args.elr.is_some(),
+            args.log_latency.is_some(),
+            args.checkpoint_interval.is_some(),
+            args.lock_timeout.is_some(),
+            args.log_dir.is_some(),
+        ];
+        if shoal_only.contains(&true) {
+            println!("note: --engine runs every engine with its default options; the shoal engine options given are ignored");
+        }
+        return portable::run(&args.portable_params());
+    }
     run_bench(args).1
 }
 

@@ -1,0 +1,103 @@
+//! INCR1 (Narula et al., Doppel, OSDI 2014): `--records` counters (default 1,000,000, 8-byte
+//! big-endian keys, loaded as 0) of which key 0 is hot. Each transaction is one `ADD(k, 1)`:
+//! on the hot key with probability `--hot-fraction`, else on a uniformly drawn other key. The
+//! check verifies that the counters add up to the commits and the hot counter to the hot
+//! commits.
+
+use anyhow::ensure;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+use super::{LoadCfg, PortableWorkload, RunCfg};
+use crate::engines::{decode_i64, load_rows, KvEngine, KvTx, LoadValue, TableId, TxResult};
+
+/// The loaded counters.
+pub struct Incr1 {
+    keys: u64,
+    table: TableId,
+}
+
+/// A worker's state.
+pub struct Worker {
+    rng: SmallRng,
+    hot_fraction: f64,
+    key: u64,
+}
+
+impl PortableWorkload for Incr1 {
+    type Worker = Worker;
+
+    fn load(engine: &dyn KvEngine, cfg: &LoadCfg) -> anyhow::Result<Self> {
+        let w = Incr1 {
+            keys: cfg.records.max(2),
+            table: engine.create_table("counters")?,
+        };
+        let t = w.table;
+        let mut s = engine.session()?;
+        let mut rows = (0..w.keys).map(move |i| (t, i.to_be_bytes().to_vec(), LoadValue::Int(0)));
+        load_rows(s.as_mut(), &mut rows, 10_000)?;
+        Ok(w)
+    }
+
+    fn rows(&self) -> u64 {
+        self.keys
+    }
+
+    fn worker(&self, run: &RunCfg, _thread: u16, seed: u64) -> Worker {
+        Worker {
+            rng: SmallRng::seed_from_u64(seed),
+            hot_fraction: run.hot_fraction,
+            key: 0,
+        }
+    }
+
+    fn next(&self, st: &mut Worker) {
+        st.key = if st.rng.gen_bool(st.hot_fraction) {
+            0
+        } else {
+            st.rng.gen_range(1..self.keys)
+        };
+    }
+
+    fn read_only(&self, _st: &Worker) -> bool {
+        false
+    }
+
+    fn execute(&self, st: &mut Worker, tx: &mut dyn KvTx) -> TxResult<()> {
+        tx.add(self.table, &st.key.to_be_bytes(), 1).map(|_| ())
+    }
+
+    fn committed(&self, st: &mut Worker) -> [u64; 2] {
+        [1, u64::from(st.key == 0)]
+    }
+
+    fn check(&self, engine: &dyn KvEngine, tally: [u64; 2]) -> anyhow::Result<String> {
+        let rows = engine.scan_all(self.table)?;
+        ensure!(
+            rows.len() as u64 == self.keys,
+            "{} counters, loaded {}",
+            rows.len(),
+            self.keys
+        );
+        let mut sum = 0i64;
+        let mut hot = 0i64;
+        for (k, v) in &rows {
+            let c = decode_i64(v).map_err(|e| anyhow::anyhow!("{e}"))?;
+            if k.as_slice() == 0u64.to_be_bytes() {
+                hot = c;
+            }
+            sum += c;
+        }
+        ensure!(
+            sum as u64 == tally[0],
+            "counters add up to {sum}, {} commits",
+            tally[0]
+        );
+        ensure!(
+            hot as u64 == tally[1],
+            "hot counter {hot}, {} hot commits",
+            tally[1]
+        );
+        Ok(format!("{sum} increments, {hot} on the hot key"))
+    }
+}

@@ -1,0 +1,884 @@
+//! The portable benchmark path of `shoal bench --engine LIST`: TPC-B, YCSB and INCR1 written
+//! once against the engine-neutral interface of [`crate::engines`], run on every engine in the
+//! list (shoal's modes included) with the same workload code, the same worker loop (retry with
+//! backoff after a retryable abort) and the same consistency check after every run.
+//!
+//! Runs are grouped by loaded database: one load per engine and data option (`--scale`,
+//! `--records`, `--field-size`), then every thread count, mix and hot fraction on it; the check
+//! covers everything committed on that database so far. The table prints each run's throughput
+//! beside its ratio to shoal-2pl's on the same workload options.
+
+pub mod incr;
+pub mod tpcb;
+pub mod ycsb;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context};
+use hdrhistogram::Histogram;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+
+use crate::dist::KeyDist;
+use crate::engines::{Durability, EngineKind, KvEngine, KvTx, TxError, TxResult};
+use crate::harness::Log;
+use crate::report::Latency;
+use crate::workloads::WorkloadKind;
+
+/// The options of `shoal bench` that only the portable path reads.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct PeerArgs {
+    /// Run the workload through the portable path on each of these engines:
+    /// `shoal-2pl`, `shoal-occ`, `rocksdb-pessimistic`, `rocksdb-optimistic`, `sqlite`
+    /// (the peers need the cargo features `rocksdb` / `sqlite`, or `peers` for both).
+    /// Workloads: tpcb, ycsb (mixes a, b, c, f), incr1.
+    #[arg(long, value_delimiter = ',', value_name = "LIST", value_parser = crate::engines::parse_engine)]
+    pub engine: Vec<EngineKind>,
+}
+
+/// Everything a portable sweep needs from the command line.
+#[derive(Debug, Clone)]
+pub struct PortableParams {
+    /// The workload (tpcb, ycsb or incr1).
+    pub workload: WorkloadKind,
+    /// Engines, in the order given.
+    pub engines: Vec<EngineKind>,
+    /// `--log` values (none and sync only).
+    pub logs: Vec<Log>,
+    /// Worker thread counts.
+    pub threads: Vec<u64>,
+    /// TPC-B scales.
+    pub scales: Vec<u64>,
+    /// YCSB records / INCR1 keys (`None`: the workload's default).
+    pub records: Option<Vec<u64>>,
+    /// YCSB bytes per field (ten fields).
+    pub field_sizes: Vec<u64>,
+    /// YCSB mixes (`None`: `a`).
+    pub mixes: Option<Vec<String>>,
+    /// INCR1 hot fractions (`None`: 0.1).
+    pub hot_fractions: Option<Vec<f64>>,
+    /// YCSB key distribution (`None`: Zipfian 0.99).
+    pub dist: Option<KeyDist>,
+    /// Seeds.
+    pub seeds: Vec<u64>,
+    /// Warm-up per run.
+    pub warmup: Duration,
+    /// Measurement window per run.
+    pub duration: Duration,
+    /// Parent directory of the databases (`None`: a temporary directory each).
+    pub db_dir: Option<PathBuf>,
+    /// JSON output file.
+    pub json: Option<PathBuf>,
+}
+
+/// The data options of one load (one database).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LoadCfg {
+    /// TPC-B scale (branches).
+    pub scale: u64,
+    /// YCSB records / INCR1 keys.
+    pub records: u64,
+    /// YCSB bytes per field.
+    pub field_size: usize,
+}
+
+/// The options of one run on a loaded database.
+#[derive(Clone, Debug)]
+pub struct RunCfg {
+    /// Worker threads.
+    pub threads: usize,
+    /// YCSB mix letter.
+    pub mix: String,
+    /// INCR1 hot fraction.
+    pub hot_fraction: f64,
+    /// YCSB key distribution.
+    pub dist: KeyDist,
+    /// Seed.
+    pub seed: u64,
+    /// Run number on its database (part of TPC-B's history keys).
+    pub run: u16,
+}
+
+/// A workload written against [`KvTx`].
+pub trait PortableWorkload: Sized + Sync {
+    /// One worker thread's state (its generator and the transaction it is about to run).
+    type Worker: Send;
+
+    /// Creates the tables in `engine` and loads them.
+    fn load(engine: &dyn KvEngine, cfg: &LoadCfg) -> anyhow::Result<Self>;
+
+    /// Rows loaded, for the report.
+    fn rows(&self) -> u64;
+
+    /// The state of worker `thread` for run `run`.
+    fn worker(&self, run: &RunCfg, thread: u16, seed: u64) -> Self::Worker;
+
+    /// Draws the next transaction's parameters.
+    fn next(&self, st: &mut Self::Worker);
+
+    /// Whether the drawn transaction only reads.
+    fn read_only(&self, st: &Self::Worker) -> bool;
+
+    /// Runs the drawn transaction's operations (not the commit).
+    fn execute(&self, st: &mut Self::Worker, tx: &mut dyn KvTx) -> TxResult<()>;
+
+    /// Notes that the drawn transaction committed; returns what the check counts for it
+    /// (added up over every thread and run).
+    fn committed(&self, st: &mut Self::Worker) -> [u64; 2];
+
+    /// Checks the database against the counts of everything committed on it.
+    fn check(&self, engine: &dyn KvEngine, tally: [u64; 2]) -> anyhow::Result<String>;
+}
+
+/// One run's result.
+#[derive(Clone, Debug, Serialize)]
+pub struct PortableRecord {
+    /// Workload name.
+    pub workload: String,
+    /// Engine name (`shoal-2pl`, `sqlite`, ...).
+    pub engine: String,
+    /// The engine's configuration.
+    pub engine_options: String,
+    /// `--log`.
+    pub log: String,
+    /// Worker threads.
+    pub threads: usize,
+    /// Workload options of this run (`scale`, `records`, `mix`, `hot_fraction`, ...).
+    pub options: BTreeMap<String, String>,
+    /// Seed.
+    pub seed: u64,
+    /// Seconds the load took.
+    pub load_s: f64,
+    /// Configured measurement window, seconds.
+    pub duration_s: f64,
+    /// Configured warm-up, seconds.
+    pub warmup_s: f64,
+    /// Actual measurement window, seconds.
+    pub measured_s: f64,
+    /// Commits in the window.
+    pub committed: u64,
+    /// Aborts (each retried) in the window.
+    pub aborted: u64,
+    /// Aborts by deadlock.
+    pub aborted_deadlock: u64,
+    /// Aborts by lock timeout (SQLite: busy).
+    pub aborted_lock_timeout: u64,
+    /// Aborts by conflict.
+    pub aborted_conflict: u64,
+    /// Commits per second in the window.
+    pub throughput: f64,
+    /// Throughput divided by shoal-2pl's on the same options, if shoal-2pl ran.
+    pub vs_shoal_2pl: Option<f64>,
+    /// Latency percentiles of commits (retries included), microseconds.
+    pub latency_us: Latency,
+    /// Consistency check: `ok: summary` or `FAILED: reason`.
+    pub check: String,
+}
+
+impl PortableRecord {
+    /// The options other than the engine, identifying comparable runs.
+    fn peer_key(&self) -> String {
+        format!(
+            "{} {} {} {:?} {}",
+            self.workload, self.log, self.threads, self.options, self.seed
+        )
+    }
+}
+
+/// Runs the portable sweep, prints the table and writes the JSON; fails if a consistency check
+/// failed or an engine hit a fatal error.
+pub fn run(p: &PortableParams) -> anyhow::Result<()> {
+    let (records, failure) = execute(p);
+    if !records.is_empty() {
+        print!("{}", render_table(p, &records));
+    }
+    if let Some(path) = &p.json {
+        let text = serde_json::to_string_pretty(&records)?;
+        std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("wrote {} records to {}", records.len(), path.display());
+    }
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    if let Some(bad) = records.iter().find(|r| r.check.starts_with("FAILED")) {
+        bail!(
+            "{} {}: consistency {}",
+            bad.engine,
+            bad.peer_key(),
+            bad.check
+        );
+    }
+    Ok(())
+}
+
+/// Runs the sweep: the records of the runs done, and the error that stopped it, if any.
+pub fn execute(p: &PortableParams) -> (Vec<PortableRecord>, Option<anyhow::Error>) {
+    let mut records = Vec::new();
+    let failure = sweep(p, &mut records).err();
+    // Ratios to shoal-2pl on the same options.
+    let base: BTreeMap<String, f64> = records
+        .iter()
+        .filter(|r| r.engine == EngineKind::Shoal2pl.name())
+        .map(|r| (r.peer_key(), r.throughput))
+        .collect();
+    for r in &mut records {
+        r.vs_shoal_2pl = base
+            .get(&r.peer_key())
+            .filter(|b| **b > 0.0)
+            .map(|b| (r.throughput / b * 1000.0).round() / 1000.0);
+    }
+    (records, failure)
+}
+
+fn sweep(p: &PortableParams, records: &mut Vec<PortableRecord>) -> anyhow::Result<()> {
+    for e in &p.engines {
+        if !e.available() {
+            bail!(
+                "engine {} is not built into this binary: rebuild with `--features {}` \
+                 (or `--features peers`)",
+                e.name(),
+                e.feature().unwrap_or("?")
+            );
+        }
+    }
+    let mut durabilities = Vec::new();
+    for l in &p.logs {
+        let d = match l {
+            Log::None => Durability::None,
+            Log::Sync => Durability::Sync,
+            other => bail!(
+                "--log {} has no equivalent in the peer engines; use none or sync with --engine",
+                other.name()
+            ),
+        };
+        if !durabilities.contains(&(*l, d)) {
+            durabilities.push((*l, d));
+        }
+    }
+    let mut loads = Vec::new();
+    match p.workload {
+        WorkloadKind::Tpcb => {
+            for s in &p.scales {
+                loads.push(LoadCfg {
+                    scale: *s,
+                    records: 0,
+                    field_size: 0,
+                });
+            }
+        }
+        WorkloadKind::Ycsb | WorkloadKind::Incr1 => {
+            let recs = p.records.clone().unwrap_or_else(|| vec![1_000_000]);
+            let fields = if p.workload == WorkloadKind::Ycsb {
+                p.field_sizes.clone()
+            } else {
+                vec![0]
+            };
+            for r in &recs {
+                for f in &fields {
+                    loads.push(LoadCfg {
+                        scale: 0,
+                        records: *r,
+                        field_size: usize::try_from(*f)?,
+                    });
+                }
+            }
+        }
+        other => bail!(
+            "--engine runs tpcb, ycsb and incr1 (the portable workloads), not {}",
+            other.name()
+        ),
+    }
+    let mixes = match (&p.mixes, p.workload) {
+        (Some(m), WorkloadKind::Ycsb) => {
+            for x in m {
+                if ycsb::Mix::parse(x).is_none() {
+                    bail!("--mix {x}: the portable YCSB runs mixes a, b, c and f");
+                }
+            }
+            m.clone()
+        }
+        (Some(_), _) => bail!("--mix applies to ycsb only with --engine"),
+        (None, WorkloadKind::Ycsb) => vec!["a".to_string()],
+        (None, _) => vec![String::new()],
+    };
+    let hots = match (&p.hot_fractions, p.workload) {
+        (Some(h), WorkloadKind::Incr1) => h.clone(),
+        (Some(_), _) => bail!("--hot-fraction applies to incr1 only"),
+        (None, WorkloadKind::Incr1) => vec![0.1],
+        (None, _) => vec![0.0],
+    };
+    let dist = p.dist.unwrap_or(KeyDist::Zipf(0.99));
+
+    for load in &loads {
+        for &(log, dur) in &durabilities {
+            for &engine in &p.engines {
+                let mut runs = Vec::new();
+                for mix in &mixes {
+                    for &hot in &hots {
+                        for &threads in &p.threads {
+                            for &seed in &p.seeds {
+                                runs.push(RunCfg {
+                                    threads: usize::try_from(threads)?,
+                                    mix: mix.clone(),
+                                    hot_fraction: hot,
+                                    dist,
+                                    seed,
+                                    run: u16::try_from(runs.len())
+                                        .context("too many runs on one database")?,
+                                });
+                            }
+                        }
+                    }
+                }
+                let res = match p.workload {
+                    WorkloadKind::Tpcb => {
+                        run_group::<tpcb::Tpcb>(p, engine, log, dur, load, &runs, records)
+                    }
+                    WorkloadKind::Ycsb => {
+                        run_group::<ycsb::Ycsb>(p, engine, log, dur, load, &runs, records)
+                    }
+                    _ => run_group::<incr::Incr1>(p, engine, log, dur, load, &runs, records),
+                };
+                res?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Loads workload `W` into a fresh database of `engine` and runs `runs` on it.
+fn run_group<W: PortableWorkload>(
+    p: &PortableParams,
+    engine: EngineKind,
+    log: Log,
+    dur: Durability,
+    load: &LoadCfg,
+    runs: &[RunCfg],
+    out: &mut Vec<PortableRecord>,
+) -> anyhow::Result<()> {
+    let tmp;
+    let dir = match &p.db_dir {
+        Some(d) => {
+            std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
+            tmp = tempfile::Builder::new()
+                .prefix(&format!("shoal-bench-{}-", engine.name()))
+                .tempdir_in(d)
+                .context("creating a database directory")?;
+            tmp.path().to_path_buf()
+        }
+        None => {
+            tmp = tempfile::Builder::new()
+                .prefix(&format!("shoal-bench-{}-", engine.name()))
+                .tempdir()
+                .context("creating a temporary database directory")?;
+            tmp.path().to_path_buf()
+        }
+    };
+    let db = engine.open(&dir, dur)?;
+    let t0 = Instant::now();
+    let w = W::load(db.as_ref(), load)
+        .with_context(|| format!("loading {} into {}", p.workload.name(), engine.name()))?;
+    let load_s = t0.elapsed().as_secs_f64();
+    eprintln!(
+        "loaded {} ({} rows) into {} in {load_s:.1} s",
+        p.workload.name(),
+        w.rows(),
+        engine.name()
+    );
+    let mut tally = [0u64; 2];
+    for run in runs {
+        let m = measure(p, db.as_ref(), &w, run)
+            .with_context(|| format!("{} on {}", p.workload.name(), engine.name()))?;
+        tally[0] += m.tally[0];
+        tally[1] += m.tally[1];
+        let check = match w.check(db.as_ref(), tally) {
+            Ok(s) => format!("ok: {s}"),
+            Err(e) => format!("FAILED: {e:#}"),
+        };
+        let mut options = BTreeMap::new();
+        match p.workload {
+            WorkloadKind::Tpcb => {
+                options.insert("scale".into(), load.scale.to_string());
+            }
+            WorkloadKind::Ycsb => {
+                options.insert("records".into(), load.records.to_string());
+                options.insert("field_size".into(), load.field_size.to_string());
+                options.insert("mix".into(), run.mix.clone());
+                options.insert("dist".into(), run.dist.describe());
+            }
+            _ => {
+                options.insert("records".into(), load.records.to_string());
+                options.insert("hot_fraction".into(), run.hot_fraction.to_string());
+            }
+        }
+        let secs = m.measured.as_secs_f64();
+        let rec = PortableRecord {
+            workload: p.workload.name().to_string(),
+            engine: engine.name().to_string(),
+            engine_options: db.describe(),
+            log: log.name().to_string(),
+            threads: run.threads,
+            options,
+            seed: run.seed,
+            load_s: (load_s * 100.0).round() / 100.0,
+            duration_s: p.duration.as_secs_f64(),
+            warmup_s: p.warmup.as_secs_f64(),
+            measured_s: (secs * 1000.0).round() / 1000.0,
+            committed: m.committed,
+            aborted: m.aborts.iter().sum(),
+            aborted_deadlock: m.aborts[0],
+            aborted_lock_timeout: m.aborts[1],
+            aborted_conflict: m.aborts[2],
+            throughput: if secs > 0.0 {
+                (m.committed as f64 / secs * 10.0).round() / 10.0
+            } else {
+                0.0
+            },
+            vs_shoal_2pl: None,
+            latency_us: Latency::from_ns(&m.latency_ns),
+            check,
+        };
+        eprintln!(
+            "{} {} threads={} {:?}: {:.0} tps, consistency {}",
+            rec.engine,
+            rec.log,
+            rec.threads,
+            rec.options,
+            rec.throughput,
+            if rec.check.starts_with("ok") {
+                "ok"
+            } else {
+                "FAILED"
+            }
+        );
+        let failed = rec.check.starts_with("FAILED");
+        out.push(rec);
+        if failed {
+            break;
+        }
+    }
+    Ok(())
+}
+
+struct Measured {
+    committed: u64,
+    aborts: [u64; 3],
+    measured: Duration,
+    latency_ns: Histogram<u64>,
+    /// The workload's counts over the whole run, warm-up included.
+    tally: [u64; 2],
+}
+
+const WARMUP: u8 = 0;
+const MEASURE: u8 = 1;
+const STOP: u8 = 2;
+
+fn new_hist() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 1 << 40, 3).expect("valid histogram bounds")
+}
+
+/// The harness's retry wait: yield at first, then a random sleep growing to about 1 ms.
+fn backoff(attempt: u32, rng: &mut SmallRng) {
+    if attempt <= 2 {
+        std::thread::yield_now();
+    } else {
+        let cap = 1u64 << attempt.min(10);
+        std::thread::sleep(Duration::from_micros(rng.gen_range(0..cap)));
+    }
+}
+
+struct WorkerOut {
+    committed: u64,
+    aborts: [u64; 3],
+    latency_ns: Histogram<u64>,
+    tally: [u64; 2],
+}
+
+fn worker<W: PortableWorkload>(
+    w: &W,
+    engine: &dyn KvEngine,
+    phase: &AtomicU8,
+    fatal: &Mutex<Option<String>>,
+    mut st: W::Worker,
+    seed: u64,
+) -> WorkerOut {
+    let mut out = WorkerOut {
+        committed: 0,
+        aborts: [0; 3],
+        latency_ns: new_hist(),
+        tally: [0; 2],
+    };
+    let fail = |msg: String| {
+        if let Ok(mut f) = fatal.lock() {
+            f.get_or_insert(msg);
+        }
+        phase.store(STOP, Ordering::Release);
+    };
+    let mut session = match engine.session() {
+        Ok(s) => s,
+        Err(e) => {
+            fail(format!("opening a session: {e:#}"));
+            return out;
+        }
+    };
+    let mut rng = SmallRng::seed_from_u64(seed ^ 0x5eed);
+    'txns: while phase.load(Ordering::Acquire) != STOP {
+        w.next(&mut st);
+        let ro = w.read_only(&st);
+        let start = Instant::now();
+        let mut attempt = 0u32;
+        loop {
+            let res = match session.begin(ro) {
+                Ok(mut tx) => match w.execute(&mut st, tx.as_mut()) {
+                    Ok(()) => tx.commit(),
+                    Err(e) => {
+                        tx.abort();
+                        Err(e)
+                    }
+                },
+                Err(e) => Err(e),
+            };
+            match res {
+                Ok(()) => break,
+                Err(TxError::Retry(kind, _)) => {
+                    let ph = phase.load(Ordering::Acquire);
+                    if ph == MEASURE {
+                        out.aborts[kind.index()] += 1;
+                    }
+                    if ph == STOP {
+                        break 'txns;
+                    }
+                    attempt += 1;
+                    backoff(attempt, &mut rng);
+                }
+                Err(TxError::Fatal(e)) => {
+                    fail(format!("fatal engine error: {e:#}"));
+                    break 'txns;
+                }
+            }
+        }
+        let elapsed = start.elapsed();
+        let t = w.committed(&mut st);
+        out.tally[0] += t[0];
+        out.tally[1] += t[1];
+        if phase.load(Ordering::Acquire) == MEASURE {
+            out.committed += 1;
+            out.latency_ns
+                .saturating_record(u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX));
+        }
+    }
+    out
+}
+
+fn measure<W: PortableWorkload>(
+    p: &PortableParams,
+    engine: &dyn KvEngine,
+    w: &W,
+    run: &RunCfg,
+) -> anyhow::Result<Measured> {
+    let phase = AtomicU8::new(if p.warmup.is_zero() { MEASURE } else { WARMUP });
+    let fatal = Mutex::new(None);
+    let total = p.warmup + p.duration;
+    let (outs, measured) = std::thread::scope(|s| -> anyhow::Result<_> {
+        let mut handles = Vec::with_capacity(run.threads);
+        for t in 0..run.threads {
+            let seed = thread_seed(run.seed, t);
+            let st = w.worker(run, u16::try_from(t)?, seed);
+            let (phase, fatal) = (&phase, &fatal);
+            let h = std::thread::Builder::new()
+                .name(format!("peer-{t}"))
+                .spawn_scoped(s, move || worker(w, engine, phase, fatal, st, seed))
+                .context("spawning a worker thread")?;
+            handles.push(h);
+        }
+        let start = Instant::now();
+        let mut measure_start = p.warmup.is_zero().then_some(start);
+        let measured = loop {
+            std::thread::sleep(Duration::from_millis(10));
+            let now = Instant::now();
+            if phase.load(Ordering::Acquire) == STOP {
+                break Duration::ZERO;
+            }
+            if measure_start.is_none() && now - start >= p.warmup {
+                phase.store(MEASURE, Ordering::Release);
+                measure_start = Some(now);
+            }
+            if now - start >= total {
+                phase.store(STOP, Ordering::Release);
+                break now - measure_start.unwrap_or(now);
+            }
+        };
+        let outs: Vec<WorkerOut> = handles
+            .into_iter()
+            .map(|h| h.join().map_err(|_| anyhow!("a worker thread panicked")))
+            .collect::<anyhow::Result<_>>()?;
+        Ok((outs, measured))
+    })?;
+    if let Some(msg) = fatal.lock().map_err(|_| anyhow!("poisoned"))?.take() {
+        bail!("{msg}");
+    }
+    let mut m = Measured {
+        committed: 0,
+        aborts: [0; 3],
+        measured,
+        latency_ns: new_hist(),
+        tally: [0; 2],
+    };
+    for o in outs {
+        m.committed += o.committed;
+        for i in 0..3 {
+            m.aborts[i] += o.aborts[i];
+        }
+        m.tally[0] += o.tally[0];
+        m.tally[1] += o.tally[1];
+        m.latency_ns
+            .add(&o.latency_ns)
+            .map_err(|e| anyhow!("merging histograms: {e:?}"))?;
+    }
+    Ok(m)
+}
+
+/// The per-thread seed (the harness's derivation).
+fn thread_seed(seed: u64, thread: usize) -> u64 {
+    fn splitmix64(mut x: u64) -> u64 {
+        x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        x ^ (x >> 31)
+    }
+    splitmix64(seed ^ splitmix64(thread as u64 + 1))
+}
+
+/// The result table: one row per run, with the throughput ratio to shoal-2pl.
+pub fn render_table(p: &PortableParams, records: &[PortableRecord]) -> String {
+    let mut s = format!(
+        "{} through the portable path: warm-up {:.1} s, {:.1} s per run\n",
+        p.workload.name(),
+        p.warmup.as_secs_f64(),
+        p.duration.as_secs_f64()
+    );
+    let head = [
+        "engine",
+        "log",
+        "options",
+        "threads",
+        "tps",
+        "vs 2pl",
+        "commits",
+        "aborts",
+        "dl/to/cf",
+        "p50 µs",
+        "p99 µs",
+        "p99.9 µs",
+        "max µs",
+        "check",
+    ];
+    let mut rows: Vec<Vec<String>> = vec![head.iter().map(|h| h.to_string()).collect()];
+    for r in records {
+        let opts: Vec<String> = r.options.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        rows.push(vec![
+            r.engine.clone(),
+            r.log.clone(),
+            opts.join(" "),
+            r.threads.to_string(),
+            format!("{:.0}", r.throughput),
+            r.vs_shoal_2pl.map_or("-".into(), |v| format!("{v:.2}")),
+            r.committed.to_string(),
+            r.aborted.to_string(),
+            format!(
+                "{}/{}/{}",
+                r.aborted_deadlock, r.aborted_lock_timeout, r.aborted_conflict
+            ),
+            format!("{:.1}", r.latency_us.p50),
+            format!("{:.1}", r.latency_us.p99),
+            format!("{:.1}", r.latency_us.p999),
+            format!("{:.1}", r.latency_us.max),
+            if r.check.starts_with("ok") {
+                "ok".into()
+            } else {
+                "FAILED".into()
+            },
+        ]);
+    }
+    let widths: Vec<usize> = (0..head.len())
+        .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
+        .collect();
+    for (i, row) in rows.iter().enumerate() {
+        let cells: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .enumerate()
+            .map(|(c, (v, w))| {
+                if c < 3 {
+                    format!("{v:<w$}")
+                } else {
+                    format!("{v:>w$}")
+                }
+            })
+            .collect();
+        s.push_str(cells.join("  ").trim_end());
+        s.push('\n');
+        if i == 0 {
+            let total: usize = widths.iter().sum::<usize>() + 2 * (widths.len() - 1);
+            s.push_str(&"-".repeat(total));
+            s.push('\n');
+        }
+    }
+    s.push_str("vs 2pl: throughput / shoal-2pl's with the same options; dl/to/cf: aborts by deadlock / lock timeout (SQLite: busy) / conflict\n");
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(workload: WorkloadKind, engines: &[EngineKind]) -> PortableParams {
+        PortableParams {
+            workload,
+            engines: engines.to_vec(),
+            logs: vec![Log::None],
+            threads: vec![1, 2],
+            scales: vec![1],
+            records: Some(vec![2_000]),
+            field_sizes: vec![10],
+            mixes: None,
+            hot_fractions: None,
+            dist: None,
+            seeds: vec![7],
+            warmup: Duration::ZERO,
+            duration: Duration::from_millis(300),
+            db_dir: None,
+            json: None,
+        }
+    }
+
+    fn all_ok(p: &PortableParams) -> Vec<PortableRecord> {
+        let (records, failure) = execute(p);
+        if let Some(e) = failure {
+            panic!("{e:#}");
+        }
+        assert_eq!(records.len(), p.engines.len() * p.threads.len());
+        for r in &records {
+            assert!(r.check.starts_with("ok"), "{} {}", r.engine, r.check);
+            assert!(r.committed > 0, "{} committed nothing", r.engine);
+        }
+        records
+    }
+
+    #[test]
+    fn shoal_modes_run_every_portable_workload() {
+        let engines = [EngineKind::Shoal2pl, EngineKind::ShoalOcc];
+        let recs = all_ok(&params(WorkloadKind::Tpcb, &engines));
+        assert_eq!(recs[0].vs_shoal_2pl, Some(1.0));
+        assert!(recs[2].vs_shoal_2pl.is_some());
+        let mut y = params(WorkloadKind::Ycsb, &engines);
+        y.mixes = Some(vec!["a".into()]);
+        all_ok(&y);
+        let mut i = params(WorkloadKind::Incr1, &engines);
+        i.hot_fractions = Some(vec![0.5]);
+        all_ok(&i);
+        let table = render_table(&i, &execute(&i).0);
+        assert!(
+            table.contains("shoal-occ") && table.contains("vs 2pl"),
+            "{table}"
+        );
+    }
+
+    #[test]
+    fn the_tpcb_check_catches_a_lost_update() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = EngineKind::Shoal2pl
+            .open(dir.path(), Durability::None)
+            .unwrap();
+        let w = tpcb::Tpcb::load(
+            db.as_ref(),
+            &LoadCfg {
+                scale: 1,
+                records: 0,
+                field_size: 0,
+            },
+        )
+        .unwrap();
+        assert!(w.check(db.as_ref(), [0, 0]).is_ok());
+        // Account 5 changes without a history row: the check must notice.
+        let account = crate::engines::TableId(2);
+        let mut s = db.session().unwrap();
+        let mut tx = s.begin(false).unwrap();
+        tx.add(account, &5u64.to_be_bytes(), 10).unwrap();
+        tx.commit().unwrap();
+        let err = w.check(db.as_ref(), [0, 0]).unwrap_err().to_string();
+        assert!(err.contains("account 5"), "{err}");
+    }
+
+    #[test]
+    fn engine_lists_parse() {
+        use clap::Parser;
+        #[derive(Debug, Parser)]
+        struct Cli {
+            #[command(flatten)]
+            peers: PeerArgs,
+        }
+        let c = Cli::try_parse_from([
+            "t",
+            "--engine",
+            "shoal-2pl,shoal-occ,rocksdb-pessimistic,rocksdb-optimistic,sqlite",
+        ])
+        .unwrap();
+        assert_eq!(c.peers.engine, EngineKind::ALL);
+        for bad in [
+            &["t", "--engine", "mysql"][..],
+            &["t", "--engine", "sqlite,,shoal-2pl"],
+        ] {
+            assert!(Cli::try_parse_from(bad).is_err(), "accepted {bad:?}");
+        }
+    }
+
+    #[test]
+    fn missing_features_and_logs_are_refused() {
+        let mut p = params(WorkloadKind::Tpcb, &[EngineKind::Shoal2pl]);
+        p.logs = vec![Log::Async];
+        assert!(run(&p).is_err());
+        if !EngineKind::Sqlite.available() {
+            let p = params(WorkloadKind::Tpcb, &[EngineKind::Sqlite]);
+            let err = run(&p).unwrap_err().to_string();
+            assert!(err.contains("--features sqlite"), "{err}");
+        }
+    }
+
+    #[cfg(feature = "sqlite")]
+    #[test]
+    fn sqlite_runs_tpcb_ycsb_and_incr1_consistently() {
+        let e = [EngineKind::Shoal2pl, EngineKind::Sqlite];
+        let recs = all_ok(&params(WorkloadKind::Tpcb, &e));
+        assert!(recs[2].vs_shoal_2pl.is_some());
+        let mut y = params(WorkloadKind::Ycsb, &[EngineKind::Sqlite]);
+        y.mixes = Some(vec!["b".into()]);
+        y.threads = vec![2];
+        all_ok(&y);
+        let mut i = params(WorkloadKind::Incr1, &[EngineKind::Sqlite]);
+        i.threads = vec![2];
+        i.logs = vec![Log::Sync];
+        all_ok(&i);
+    }
+
+    #[cfg(feature = "rocksdb")]
+    #[test]
+    fn rocksdb_runs_tpcb_ycsb_and_incr1_consistently() {
+        let e = [
+            EngineKind::RocksdbPessimistic,
+            EngineKind::RocksdbOptimistic,
+        ];
+        all_ok(&params(WorkloadKind::Tpcb, &e));
+        let mut y = params(WorkloadKind::Ycsb, &e);
+        y.mixes = Some(vec!["a".into()]);
+        all_ok(&y);
+        let mut i = params(WorkloadKind::Incr1, &e);
+        i.hot_fractions = Some(vec![0.9]);
+        all_ok(&i);
+    }
+}

@@ -30,8 +30,10 @@ pub const ALLOC_BATCH: usize = 32;
 pub const RETIRE_BATCH: usize = 64;
 /// Free entries a slot keeps for reuse; beyond that reclaimed entries are deallocated.
 pub const FREE_CAP: usize = 128;
-/// Lock heads a slot creates between two sweep steps over the buckets.
-pub const SWEEP_EVERY: usize = 64;
+/// Lock heads a slot creates between two sweep steps over the buckets. (64 swept so often
+/// that hot heads kept being killed and recreated: txbench read-only at MPL 512 fell from
+/// about 120k to 5k-48k tps; 1024 measured like no sweeping at all.)
+pub const SWEEP_EVERY: usize = 1024;
 /// Buckets one sweep step visits (a full sweep of [`BUCKETS`] takes 256 steps, so at most
 /// about `256 * SWEEP_EVERY` idle lock heads per slot accumulate between two visits).
 pub const SWEEP_BUCKETS: usize = 4096;

@@ -152,8 +152,12 @@ pub const REGISTRY: &[Experiment] = &[
     Experiment::new("E6", "Kimura Fig. 8; ELR Figs. 17-22", "early lock release off vs S vs SX over read ratio, skew and log latency", e6),
     Experiment::new("E7", "Jung Figs. 10, 13, 15", "latched vs latch-free lock table over MPL, txbench", e7),
     Experiment::new("E8", "Shore-MT Figs. 4, 5", "per-thread throughput of insert, TPC-C Payment and NewOrder over threads", e8),
-    // E9-E14 (Doppel, built on another branch): one line each, e.g.
-    // Experiment::new("E9", "Doppel Figs. 7-1, 7-2", "hot-key share: Doppel vs OCC vs 2PL vs Atomic", e9),
+    Experiment::new("E9", "Doppel Figs. 7-1, 7-2", "INCR1 hot-key share: Doppel vs OCC vs 2PL vs Atomic", e9),
+    // E10 (Doppel Fig. 7-3, the hot key moving every 5 s) needs a moving-hot-key INCR1: not built.
+    Experiment::new("E11", "Doppel Fig. 7-4, Tables 7.1, 7.2", "INCRZ over Zipf alpha: Doppel vs OCC vs 2PL vs Atomic", e11),
+    Experiment::new("E12", "Doppel Fig. 7-6, Table 7.3", "LIKE over the share of writes, alpha 1.4", e12),
+    Experiment::new("E13", "Doppel Fig. 7-7", "LIKE over the split phase length", e13),
+    Experiment::new("E14", "Doppel Table 7.4, Fig. 7-8", "RUBiS-C over alpha, and RUBiS-B", e14),
 ];
 
 fn args(s: &str) -> Vec<String> {
@@ -184,6 +188,126 @@ fn window(quick: bool) -> &'static str {
     } else {
         "--duration 5 --warmup 1"
     }
+}
+
+/// The Doppel experiments' windows (Doppel needs a few classification intervals of 200 ms
+/// before it splits anything, so even quick runs last 1.5 s).
+fn doppel_window(quick: bool) -> &'static str {
+    if quick {
+        "--duration 1.5 --warmup 0.5 --records 100000"
+    } else {
+        "--duration 5 --warmup 1"
+    }
+}
+
+fn e9(quick: bool) -> Vec<Group> {
+    let w = doppel_window(quick);
+    let hot = if quick {
+        "0,0.5,1"
+    } else {
+        "0,0.1,0.2,0.4,0.6,0.8,1"
+    };
+    ["2", "16"]
+        .iter()
+        .map(|t| {
+            group(
+                &format!("INCR1, {t} threads"),
+                "hot_fraction",
+                &[Metric::Throughput],
+                true,
+                vec![sweep(
+                    "",
+                    &format!(
+                        "incr1 --cc 2pl,occ,doppel,atomic --hot-fraction {hot} --threads {t} {w}"
+                    ),
+                )],
+            )
+        })
+        .collect()
+}
+
+fn e11(quick: bool) -> Vec<Group> {
+    let w = doppel_window(quick);
+    let alpha = if quick {
+        "0,0.8,1.4,2"
+    } else {
+        "0,0.4,0.8,1,1.2,1.4,1.6,1.8,2"
+    };
+    vec![group(
+        "INCRZ, 2 threads",
+        "alpha",
+        &[Metric::Throughput],
+        true,
+        vec![sweep(
+            "",
+            &format!("incrz --cc 2pl,occ,doppel,atomic --alpha {alpha} --threads 2 {w}"),
+        )],
+    )]
+}
+
+fn e12(quick: bool) -> Vec<Group> {
+    let w = doppel_window(quick);
+    let wf = if quick {
+        "0.1,0.5,1"
+    } else {
+        "0,0.1,0.2,0.3,0.5,0.7,0.9,1"
+    };
+    vec![group(
+        "LIKE, alpha 1.4, 2 threads",
+        "write_fraction",
+        &[Metric::Throughput],
+        false,
+        vec![sweep(
+            "",
+            &format!("like --cc 2pl,occ,doppel --alpha 1.4 --write-fraction {wf} --threads 2 {w}"),
+        )],
+    )]
+}
+
+fn e13(quick: bool) -> Vec<Group> {
+    let w = doppel_window(quick);
+    let ms = if quick {
+        "1,5,20"
+    } else {
+        "1,2,5,10,20,50,100"
+    };
+    vec![group(
+        "LIKE, alpha 1.4, 100% writes, 2 threads",
+        "phase_ms",
+        &[Metric::Throughput],
+        false,
+        vec![sweep(
+            "",
+            &format!(
+                "like --cc doppel --alpha 1.4 --write-fraction 1 --phase-ms {ms} --threads 2 {w}"
+            ),
+        )],
+    )]
+}
+
+fn e14(quick: bool) -> Vec<Group> {
+    let w = doppel_window(quick);
+    let alpha = if quick {
+        "0,1,1.8"
+    } else {
+        "0,0.5,1,1.4,1.8,2"
+    };
+    vec![group(
+        "RUBiS, 2 threads",
+        "alpha",
+        &[Metric::Throughput],
+        false,
+        vec![
+            sweep(
+                "RUBiS-C",
+                &format!("rubis --variant c --cc 2pl,occ,doppel --alpha {alpha} --threads 2 {w}"),
+            ),
+            sweep(
+                "RUBiS-B",
+                &format!("rubis --variant b --cc 2pl,occ,doppel --alpha {alpha} --threads 2 {w}"),
+            ),
+        ],
+    )]
 }
 
 fn e1(quick: bool) -> Vec<Group> {
@@ -922,7 +1046,10 @@ mod tests {
                 }
             }
         }
-        assert_eq!(ids, ["E1", "E2", "E3", "E4", "E5", "E6", "E7", "E8"]);
+        assert_eq!(
+            ids,
+            ["E1", "E2", "E3", "E4", "E5", "E6", "E7", "E8", "E9", "E11", "E12", "E13", "E14"]
+        );
         assert!(find("e3").is_some() && find("E99").is_none());
     }
 }

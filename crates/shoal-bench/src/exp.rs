@@ -909,6 +909,7 @@ mod tests {
             rss_start_kb: None,
             rss_end_kb: None,
             peak_rss_kb: None,
+            lock_footprint: None,
             intervals,
             stashed: 0,
             doppel: None,

@@ -413,6 +413,9 @@ pub struct RunStats {
     pub rss_end_kb: Option<u64>,
     /// Peak resident memory (KiB) during the run (the peak is reset at its start).
     pub peak_rss_kb: Option<u64>,
+    /// The lock table's footprint (lock names, request entries) when the run started and
+    /// at the end of its measurement window.
+    pub lock_footprint: Option<[(usize, usize); 2]>,
     /// Per-interval samples of the measurement window (empty unless sampling).
     pub intervals: Vec<crate::interval::Sample>,
     /// Doppel: attempts stashed inside the measurement window (re-run in a joined phase).
@@ -839,6 +842,12 @@ fn measure<W: Workload>(
     rss::reset_peak();
     let rss_start_kb = rss::current_kb();
     let mut rss_end_kb = None;
+    let footprint = |db: &Database| {
+        let f = db.lock_table_footprint();
+        (f.heads, f.entries)
+    };
+    let lock_start = footprint(db);
+    let mut lock_end = lock_start;
     let mut dop = crate::workloads::doppel_args::DoppelSampler::new(db);
     let mut dop_end = None;
     let (outs, measured) = std::thread::scope(|s| -> anyhow::Result<_> {
@@ -891,6 +900,7 @@ fn measure<W: Workload>(
             // the start: on a loaded machine the first tick can come late).
             if measure_start.is_some_and(|m| now - m >= params.duration) {
                 rss_end_kb = rss::current_kb();
+                lock_end = footprint(db);
                 dop_end = dop.finish(db);
                 ctl.phase.store(STOP, Ordering::Release);
                 if let (Some(s), Some(p)) = (&mut sampler, &ctl.probe) {
@@ -941,6 +951,7 @@ fn measure<W: Workload>(
         rss_start_kb,
         rss_end_kb,
         peak_rss_kb: rss::peak_kb(),
+        lock_footprint: Some([lock_start, lock_end]),
         intervals: sampler.map(|s| s.samples).unwrap_or_default(),
         stashed: 0,
         doppel: dop_end,

@@ -167,6 +167,14 @@ pub struct Record {
     pub rss_end_kb: Option<u64>,
     /// Peak resident memory (KiB) during the run.
     pub peak_rss_kb: Option<u64>,
+    /// Lock names (queues or lock heads) the lock table held at the start of the run and at
+    /// the end of the measurement window (the latch-free table counts idle heads not yet
+    /// reclaimed), and its request entries at the same moments.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lock_heads: Option<[u64; 2]>,
+    /// See `lock_heads`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lock_entries: Option<[u64; 2]>,
     /// Per-interval samples of the measurement window (only when sampling:
     /// `--report-interval`, `--csv`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -220,6 +228,8 @@ impl Record {
             rss_start_kb: s.rss_start_kb,
             rss_end_kb: s.rss_end_kb,
             peak_rss_kb: s.peak_rss_kb,
+            lock_heads: s.lock_footprint.map(|[a, b]| [a.0 as u64, b.0 as u64]),
+            lock_entries: s.lock_footprint.map(|[a, b]| [a.1 as u64, b.1 as u64]),
             intervals: s.intervals.clone(),
         }
     }
@@ -559,6 +569,7 @@ mod tests {
                         rss_start_kb: Some(2048),
                         rss_end_kb: Some(4096),
                         peak_rss_kb: None,
+                        lock_footprint: None,
                         intervals: Vec::new(),
                         stashed: 0,
                         doppel: None,

@@ -41,6 +41,12 @@ fn tiny_tpcb_sweep_writes_three_consistent_records() {
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let recs = v.as_array().expect("a JSON array");
     assert_eq!(recs.len(), 3, "{v:#}");
+    // Each record carries the lock table's footprint at the start and end of its window.
+    for r in recs {
+        let heads = r["lock_heads"].as_array().expect("lock_heads [start, end]");
+        assert_eq!(heads.len(), 2, "{r:#}");
+        assert!(r["lock_entries"].as_array().is_some(), "{r:#}");
+    }
     let combos: Vec<(String, u64)> = recs
         .iter()
         .map(|r| {

@@ -914,6 +914,21 @@ impl Database {
         Ok(())
     }
 
+    /// What the lock table holds in memory: lock names with a queue or lock head, and request
+    /// entries (diagnostics: watch it stay bounded over a long run).
+    ///
+    /// ```
+    /// let db = shoal::Database::in_memory();
+    /// let t = db.create_table("t")?;
+    /// db.run(|tx| tx.put(&t, "k", "v"))?;
+    /// // Committed transactions leave no lock queue behind in the default (sharded) table.
+    /// assert_eq!(db.lock_table_footprint().heads, 0);
+    /// # Ok::<(), shoal::Error>(())
+    /// ```
+    pub fn lock_table_footprint(&self) -> crate::lock::LockTableFootprint {
+        self.inner.locks.footprint()
+    }
+
     /// Counters of the Doppel runtime (`None` unless the database runs
     /// [`ConcurrencyControl::Doppel`]).
     ///

@@ -21,7 +21,9 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
 
-use shoal::lock::{DeadlockPolicy, LockFailure, LockId, LockMode, LockTable, TxnId};
+use shoal::lock::{
+    DeadlockPolicy, LockFailure, LockId, LockMode, LockTable, LockTableFootprint, TxnId,
+};
 
 /// The primitives `table.rs` uses, from shuttle. Parking is modelled without spurious
 /// wake-ups (shuttle's own `park` may wake spuriously whenever another task can run, which

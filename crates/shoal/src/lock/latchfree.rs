@@ -129,7 +129,7 @@ mod sync {
     pub(super) use std::thread::{current, park_timeout, yield_now, Thread};
 }
 
-use super::{DeadlockPolicy, LockFailure, LockId, LockMode, LockTable, TxnId};
+use super::{DeadlockPolicy, LockFailure, LockId, LockMode, LockTable, LockTableFootprint, TxnId};
 
 pub use table::{
     LatchFreeLockTable, Params, ALLOC_BATCH, BUCKETS, DEADLOCK_RECHECK, FREE_CAP, RETIRE_BATCH,

@@ -195,6 +195,28 @@ pub trait LockTable: Send + Sync {
     /// released an exclusive lock on it before its commit was durable (0 if none). May be
     /// larger than that (it may be shared with other resources), never smaller.
     fn tag(&self, id: &LockId) -> u64;
+
+    /// What the table holds in memory, counted in lock names and request entries
+    /// (diagnostics; the default reports nothing).
+    fn footprint(&self) -> LockTableFootprint {
+        LockTableFootprint::default()
+    }
+}
+
+/// The memory a lock table holds, counted in its units (see [`LockTable::footprint`]).
+///
+/// ```
+/// let db = shoal::Database::in_memory();
+/// let f = db.lock_table_footprint();
+/// assert_eq!(f.heads, 0);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LockTableFootprint {
+    /// Lock names with a queue or lock head allocated (the latch-free table counts idle
+    /// heads not yet reclaimed too).
+    pub heads: usize,
+    /// Request entries allocated (the latch-free table counts its free lists too).
+    pub entries: usize,
 }
 
 #[cfg(test)]

@@ -800,6 +800,16 @@ impl LockTable for SimpleLockTable {
     fn is_free(&self, id: &LockId) -> bool {
         !self.shard(id).lock().map.contains_key(id)
     }
+
+    fn footprint(&self) -> super::LockTableFootprint {
+        let mut f = super::LockTableFootprint::default();
+        for s in self.shards.iter() {
+            let s = s.lock();
+            f.heads += s.map.len();
+            f.entries += s.map.values().map(|q| q.reqs.len()).sum::<usize>();
+        }
+        f
+    }
 }
 
 #[cfg(test)]

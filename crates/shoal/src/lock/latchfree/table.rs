@@ -16,7 +16,7 @@ use super::sync::{
     current, fence, park_timeout, yield_now, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize,
     Ordering::SeqCst, Thread,
 };
-use super::{DeadlockPolicy, LockFailure, LockId, LockMode, LockTable, TxnId};
+use super::{DeadlockPolicy, LockFailure, LockId, LockMode, LockTable, LockTableFootprint, TxnId};
 
 /// Number of buckets of the lock hash table (fixed, a power of two).
 pub const BUCKETS: usize = 1 << 20;
@@ -1295,6 +1295,13 @@ impl LatchFreeLockTable {
 }
 
 impl LockTable for LatchFreeLockTable {
+    fn footprint(&self) -> LockTableFootprint {
+        LockTableFootprint {
+            heads: self.allocated_heads(),
+            entries: self.allocated_entries(),
+        }
+    }
+
     fn lock(
         &self,
         txn: TxnId,

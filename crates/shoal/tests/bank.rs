@@ -87,13 +87,21 @@ fn bank_transfers_preserve_total_and_readers_see_it() {
         let refused = AtomicU64::new(0);
         let scan_sums = AtomicU64::new(0);
         let get_sums = AtomicU64::new(0);
+        let starved = AtomicU64::new(0);
         let deadline = Instant::now() + DURATION;
         std::thread::scope(|s| {
             for th in 0..TRANSFER_THREADS {
                 let (db, t, transfers, refused) = (&db, &t, &transfers, &refused);
+                // Optimistic readers of all 50 accounts validate against every transfer
+                // that commits meanwhile: unpaced writers on 2 cores starve them (Silo's
+                // readers are not protected). Pace the writers under optimistic modes.
+                let pace = common::optimistic(&o).then_some(Duration::from_micros(100));
                 s.spawn(move || {
                     let mut rng = StdRng::seed_from_u64(seed.wrapping_add(th as u64));
                     while Instant::now() < deadline {
+                        if let Some(p) = pace {
+                            std::thread::sleep(p);
+                        }
                         let from = rng.gen_range(0..ACCOUNTS);
                         let to = (from + rng.gen_range(1..ACCOUNTS)) % ACCOUNTS;
                         let (from, to) = (acct(from), acct(to));
@@ -124,13 +132,29 @@ fn bank_transfers_preserve_total_and_readers_see_it() {
             }
             for th in 0..READER_THREADS {
                 let (db, t, scan_sums, get_sums) = (&db, &t, &scan_sums, &get_sums);
-                let what = &what;
+                let (what, opts, starved) = (&what, &o, &starved);
+                // An optimistic reader of all accounts can lose validation to the writers
+                // more often than `Database::run` retries (it then returns the retryable
+                // error): that is starvation, not a wrong answer; count it and read again.
+                let starve = move |e: Error, what_read: &str| {
+                    assert!(
+                        e.is_retryable() && common::optimistic(opts),
+                        "{what}: {what_read}: {e:?}"
+                    );
+                    starved.fetch_add(1, Ordering::Relaxed);
+                };
                 s.spawn(move || {
                     let mut n = th;
                     while Instant::now() < deadline {
                         n += 1;
                         if n % 2 == 0 {
-                            let rows = db.run(|tx| tx.scan(t, ..)).expect("sum by scan");
+                            let rows = match db.run(|tx| tx.scan(t, ..)) {
+                                Ok(rows) => rows,
+                                Err(e) => {
+                                    starve(e, "sum by scan");
+                                    continue;
+                                }
+                            };
                             assert_eq!(rows.len(), ACCOUNTS, "{what}: scan row count");
                             let sum: i64 = rows.iter().map(|(_, v)| dec(v)).sum();
                             assert_eq!(
@@ -140,15 +164,17 @@ fn bank_transfers_preserve_total_and_readers_see_it() {
                             );
                             scan_sums.fetch_add(1, Ordering::Relaxed);
                         } else {
-                            let balances = db
-                                .run(|tx| {
-                                    (0..ACCOUNTS)
-                                        .map(|i| {
-                                            Ok(tx.get_i64(t, acct(i))?.expect("account exists"))
-                                        })
-                                        .collect::<shoal::Result<Vec<i64>>>()
-                                })
-                                .expect("sum by point reads");
+                            let balances = match db.run(|tx| {
+                                (0..ACCOUNTS)
+                                    .map(|i| Ok(tx.get_i64(t, acct(i))?.expect("account exists")))
+                                    .collect::<shoal::Result<Vec<i64>>>()
+                            }) {
+                                Ok(b) => b,
+                                Err(e) => {
+                                    starve(e, "sum by point reads");
+                                    continue;
+                                }
+                            };
                             let sum: i64 = balances.iter().sum();
                             assert_eq!(
                                 sum, TOTAL,
@@ -163,9 +189,10 @@ fn bank_transfers_preserve_total_and_readers_see_it() {
         });
         let (transfers, refused) = (transfers.into_inner(), refused.into_inner());
         let (scan_sums, get_sums) = (scan_sums.into_inner(), get_sums.into_inner());
+        let starved = starved.into_inner();
         eprintln!(
             "{what}: {transfers} transfers, {refused} refused, {scan_sums} scan sums, \
-             {get_sums} point-read sums"
+             {get_sums} point-read sums, {starved} reads starved past the retry limit"
         );
         assert!(transfers > 0, "{what}: no transfer committed");
         assert!(

@@ -678,8 +678,12 @@ fn varying_keys(g: &Group, mine: &[BTreeMap<String, String>]) -> Vec<String> {
     keys.into_iter()
         .filter(|k| k != g.x && k != "seed")
         .filter(|k| {
-            let first = mine.first().and_then(|o| o.get(k));
-            mine.iter().any(|o| o.get(k) != first)
+            // Varies when it takes two values among the runs that have it: an option only
+            // some runs carry with one value (Doppel's `phase_ms` beside 2PL and OCC) is
+            // implied by the options that do vary.
+            let mut present = mine.iter().filter_map(|o| o.get(k));
+            let first = present.next();
+            present.any(|v| Some(v) != first)
         })
         .collect()
 }
@@ -888,6 +892,35 @@ fn panels(e: &Experiment, groups: &[Group], done: &[Done]) -> Vec<crate::plot::P
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn options_only_some_runs_carry_are_not_series_keys() {
+        let g = group("t", "alpha", &[Metric::Throughput], false, Vec::new());
+        let run = |kv: &[(&str, &str)]| -> BTreeMap<String, String> {
+            kv.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let mine = vec![
+            run(&[("cc", "occ"), ("alpha", "1"), ("seed", "1")]),
+            run(&[
+                ("cc", "doppel"),
+                ("alpha", "1"),
+                ("phase_ms", "20"),
+                ("seed", "2"),
+            ]),
+            run(&[
+                ("cc", "doppel"),
+                ("alpha", "2"),
+                ("phase_ms", "20"),
+                ("seed", "1"),
+            ]),
+        ];
+        assert_eq!(varying_keys(&g, &mine), ["cc"]);
+        let mut swept = mine.clone();
+        swept[2].insert("phase_ms".into(), "5".into());
+        assert_eq!(varying_keys(&g, &swept), ["cc", "phase_ms"]);
+    }
     use crate::harness;
     use crate::interval::Sample;
     use crate::sweep::json_name;

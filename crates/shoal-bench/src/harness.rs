@@ -632,9 +632,10 @@ fn run_loaded<W: Workload>(
     Ok(())
 }
 
-const WARMUP: u8 = 0;
-const MEASURE: u8 = 1;
-const STOP: u8 = 2;
+/// Phases of a run's control word (shared with the portable path).
+pub(crate) const WARMUP: u8 = 0;
+pub(crate) const MEASURE: u8 = 1;
+pub(crate) const STOP: u8 = 2;
 
 /// A counter on its own cache line, so per-thread progress counters do not false-share.
 #[repr(align(128))]
@@ -665,14 +666,14 @@ struct WorkerOut {
     per_type: Vec<TypeStats>,
 }
 
-fn new_hist() -> Histogram<u64> {
+pub(crate) fn new_hist() -> Histogram<u64> {
     // 1 ns .. ~18 minutes at 3 significant digits.
     Histogram::new_with_bounds(1, 1 << 40, 3).expect("valid histogram bounds")
 }
 
 /// Waits before retry `attempt` of an aborted transaction: yield at first, then a random sleep
 /// growing to about a millisecond.
-fn backoff(attempt: u32, rng: &mut SmallRng) {
+pub(crate) fn backoff(attempt: u32, rng: &mut SmallRng) {
     if attempt <= 2 {
         std::thread::yield_now();
     } else {

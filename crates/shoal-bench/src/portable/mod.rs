@@ -21,7 +21,9 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context};
 use hdrhistogram::Histogram;
 use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
+
+use crate::harness::{backoff, new_hist, MEASURE, STOP, WARMUP};
 use serde::Serialize;
 
 use crate::dist::KeyDist;
@@ -472,24 +474,6 @@ struct Measured {
     latency_ns: Histogram<u64>,
     /// The workload's counts over the whole run, warm-up included.
     tally: [u64; 2],
-}
-
-const WARMUP: u8 = 0;
-const MEASURE: u8 = 1;
-const STOP: u8 = 2;
-
-fn new_hist() -> Histogram<u64> {
-    Histogram::new_with_bounds(1, 1 << 40, 3).expect("valid histogram bounds")
-}
-
-/// The harness's retry wait: yield at first, then a random sleep growing to about 1 ms.
-fn backoff(attempt: u32, rng: &mut SmallRng) {
-    if attempt <= 2 {
-        std::thread::yield_now();
-    } else {
-        let cap = 1u64 << attempt.min(10);
-        std::thread::sleep(Duration::from_micros(rng.gen_range(0..cap)));
-    }
 }
 
 struct WorkerOut {

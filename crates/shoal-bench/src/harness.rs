@@ -14,6 +14,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use shoal::{ConcurrencyControl, Database, Error, LogMode, Options};
+use shoal::doppel::StashQueue;
 
 use crate::dist::{parse_dist, KeyDist};
 use crate::engine_opts;
@@ -682,6 +683,19 @@ pub(crate) fn backoff(attempt: u32, rng: &mut SmallRng) {
     }
 }
 
+/// How one transaction of a worker ended.
+enum Outcome {
+    Committed,
+    RolledBack,
+    /// Doppel stashed it and its inputs went to the worker's stash queue.
+    Stashed,
+    /// The run is over (or failed).
+    Stop,
+}
+
+/// A worker's Doppel stash queue: the saved inputs and first start of stashed transactions.
+type Stash<W> = StashQueue<(<W as Workload>::Worker, Instant)>;
+
 fn worker<W: Workload>(
     w: &W,
     db: &Database,
@@ -695,65 +709,32 @@ fn worker<W: Workload>(
         per_type: w.kinds().iter().map(|n| TypeStats::new(n)).collect(),
     };
     let mut rng = SmallRng::seed_from_u64(seed ^ 0x5eed);
-    'txns: while ctl.phase() != STOP {
-        w.next(&mut st);
-        let kind = w.kind(&st).min(out.per_type.len() - 1);
-        let start = Instant::now();
-        let mut attempt = 0u32;
-        let rolled_back = loop {
-            let mut tx = db.begin();
-            let res = match w.execute(&st, &mut tx) {
-                Ok(()) if w.rollback(&st) => {
-                    tx.abort();
-                    break true;
-                }
-                Ok(()) => tx.commit(),
-                Err(e) => {
-                    tx.abort();
-                    Err(e)
-                }
-            };
-            match res {
-                Ok(()) => break false,
-                // Doppel: the next begin() waits for the next joined phase (the wait counts in
-                // the latency); neither an abort nor a reason to back off.
-                Err(Error::Stashed { .. }) => {
-                    if ctl.phase() == MEASURE {
-                        out.per_type[kind].stashed += 1;
-                    }
-                    if ctl.phase() == STOP {
-                        break 'txns;
-                    }
-                }
-                Err(e) => match abort_reason(&e) {
-                    Some(r) => {
-                        if ctl.phase() == MEASURE {
-                            out.per_type[kind].aborts[r] += 1;
-                            if let Some(p) = &ctl.probe {
-                                p.abort(thread);
-                            }
-                        }
-                        if ctl.phase() == STOP {
-                            break 'txns;
-                        }
-                        attempt += 1;
-                        backoff(attempt, &mut rng);
-                    }
-                    None => {
-                        ctl.fail(format!("worker thread {thread}: fatal engine error: {e}"));
-                        break 'txns;
-                    }
-                },
+    // Doppel: stashed transactions wait here while the worker goes on with new ones.
+    let mut stash: Option<Stash<W>> = db.doppel_stats().map(|_| StashQueue::new(db));
+    while ctl.phase() != STOP {
+        // Stashed transactions whose split phase ended run first, then new work.
+        let (mut rerun, start) = match stash.as_mut().and_then(|q| q.pop_ready()) {
+            Some((saved, first_start)) => (Some(saved), first_start),
+            None => {
+                w.next(&mut st);
+                (None, Instant::now())
             }
         };
-        let elapsed = start.elapsed();
-        if rolled_back {
-            if ctl.phase() == MEASURE {
-                out.per_type[kind].rolled_back += 1;
+        let cur = rerun.as_mut().unwrap_or(&mut st);
+        let kind = w.kind(cur).min(out.per_type.len() - 1);
+        match run_one(w, db, ctl, cur, kind, start, &mut stash, &mut out, thread, &mut rng) {
+            Outcome::Stop => break,
+            Outcome::Stashed => continue,
+            Outcome::RolledBack => {
+                if ctl.phase() == MEASURE {
+                    out.per_type[kind].rolled_back += 1;
+                }
+                continue;
             }
-            continue;
+            Outcome::Committed => {}
         }
-        w.committed(&mut st);
+        let elapsed = start.elapsed();
+        w.committed(cur);
         out.total += 1;
         ctl.commits[thread].0.fetch_add(1, Ordering::Relaxed);
         if ctl.phase() == MEASURE {
@@ -767,6 +748,77 @@ fn worker<W: Workload>(
         }
     }
     out
+}
+
+/// Runs the transaction `cur` describes until it commits, rolls back as the workload asks,
+/// is stashed into `stash`, or the run stops; aborts are counted and backed off.
+#[allow(clippy::too_many_arguments)]
+fn run_one<W: Workload>(
+    w: &W,
+    db: &Database,
+    ctl: &Control,
+    cur: &mut W::Worker,
+    kind: usize,
+    start: Instant,
+    stash: &mut Option<Stash<W>>,
+    out: &mut WorkerOut,
+    thread: usize,
+    rng: &mut SmallRng,
+) -> Outcome {
+    let mut attempt = 0u32;
+    loop {
+        let mut tx = db.begin();
+        let res = match w.execute(cur, &mut tx) {
+            Ok(()) if w.rollback(cur) => {
+                tx.abort();
+                return Outcome::RolledBack;
+            }
+            Ok(()) => tx.commit(),
+            Err(e) => {
+                tx.abort();
+                Err(e)
+            }
+        };
+        match res {
+            Ok(()) => return Outcome::Committed,
+            // Doppel: neither an abort nor a reason to back off. The inputs go to the stash
+            // queue and the worker goes on; a workload that cannot save them makes the next
+            // begin() wait for the joined phase (the wait counts in the latency).
+            Err(Error::Stashed { .. }) => {
+                if ctl.phase() == MEASURE {
+                    out.per_type[kind].stashed += 1;
+                }
+                if ctl.phase() == STOP {
+                    return Outcome::Stop;
+                }
+                if let Some(q) = stash.as_mut() {
+                    if let Some(saved) = w.save(cur) {
+                        q.push((saved, start));
+                        return Outcome::Stashed;
+                    }
+                }
+            }
+            Err(e) => match abort_reason(&e) {
+                Some(r) => {
+                    if ctl.phase() == MEASURE {
+                        out.per_type[kind].aborts[r] += 1;
+                        if let Some(p) = &ctl.probe {
+                            p.abort(thread);
+                        }
+                    }
+                    if ctl.phase() == STOP {
+                        return Outcome::Stop;
+                    }
+                    attempt += 1;
+                    backoff(attempt, rng);
+                }
+                None => {
+                    ctl.fail(format!("worker thread {thread}: fatal engine error: {e}"));
+                    return Outcome::Stop;
+                }
+            },
+        }
+    }
 }
 
 /// `--cc atomic`: each operation of a transaction is a plain atomic memory operation

@@ -612,3 +612,62 @@ fn transfers_with_split_counters_keep_the_bank_invariant() {
     assert_eq!(db.run(|tx| tx.get_i64(&t, "transfers")).unwrap(), Some(n));
     assert!(db.run(|tx| tx.get_i64(&t, "largest")).unwrap().unwrap_or(0) < 20);
 }
+
+#[test]
+fn a_stash_queue_keeps_the_worker_running_while_stashed_work_waits() {
+    use shoal::doppel::StashQueue;
+    let db = Database::in_memory_with(doppel_opts(20));
+    let t = db.create_table("t").unwrap();
+    db.split_hint(&t, "hot", SplitOp::Add).unwrap();
+    wait_split(&db);
+    let mut queue: StashQueue<u32> = StashQueue::new(&db);
+    let mut runs = std::collections::HashMap::<u32, u32>::new();
+    let (mut next, mut adds, mut adds_while_queued) = (0u32, 0i64, 0u64);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    // Even inputs add to the split counter; odd ones read it (stashed while it is split).
+    while runs.len() < 200 || !queue.is_empty() {
+        assert!(Instant::now() < deadline, "stashed reads did not finish");
+        let input = match queue.pop_ready() {
+            Some(i) => i,
+            None if runs.len() < 200 => {
+                next += 1;
+                next
+            }
+            None => {
+                std::thread::sleep(Duration::from_micros(100));
+                continue;
+            }
+        };
+        let queued = !queue.is_empty();
+        let mut tx = db.begin();
+        let res = if input % 2 == 0 {
+            tx.add_blind(&t, "hot", 1)
+        } else {
+            let key = format!("r{input}");
+            tx.get_i64(&t, "hot")
+                .and_then(|v| tx.insert(&t, &key, v.unwrap_or(0).to_le_bytes()))
+        };
+        match res.and_then(|()| tx.commit()) {
+            Ok(()) => {
+                if input % 2 == 0 {
+                    adds += 1;
+                    adds_while_queued += u64::from(queued);
+                } else {
+                    *runs.entry(input).or_default() += 1;
+                }
+            }
+            Err(Error::Stashed { .. }) => queue.push(input),
+            Err(e) => panic!("{e}"),
+        }
+    }
+    // The worker went on with new transactions while stashed ones waited for their phase.
+    assert!(adds_while_queued > 0, "no work done while stashed reads waited");
+    assert!(runs.values().all(|&n| n == 1), "a stashed read ran twice");
+    let st = db.doppel_stats().unwrap();
+    assert!(st.stashed > 0 && st.split_phases > 1, "{st:?}");
+    db.clear_split_hint(&t, "hot").unwrap();
+    let total = db.run(|tx| tx.get_i64(&t, "hot")).unwrap().unwrap_or(0);
+    assert_eq!(total, adds);
+    let rows = db.run(|tx| tx.scan(&t, "r".."s")).unwrap();
+    assert_eq!(rows.len(), runs.len());
+}

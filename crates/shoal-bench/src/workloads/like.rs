@@ -37,6 +37,7 @@ pub struct Like {
 }
 
 /// A worker's state.
+#[derive(Clone)]
 pub struct LikeWorker {
     rng: SmallRng,
     blind: bool,
@@ -165,6 +166,11 @@ impl Workload for Like {
         if w.write {
             self.writes.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    fn save(&self, w: &mut LikeWorker) -> Option<LikeWorker> {
+        let copy = w.clone();
+        Some(copy)
     }
 
     fn kinds(&self) -> &'static [&'static str] {

@@ -191,6 +191,15 @@ pub trait Workload: Sync + Sized {
         false
     }
 
+    /// Doppel: a copy of `w` holding the current transaction's inputs, taken when the
+    /// transaction was stashed, so the worker can go on with new transactions and re-run the
+    /// copy in a later joined phase (thesis §3.3). It must leave `w` ready for
+    /// [`next`](Self::next), with any unique ids the copy will use reserved. `None` (the
+    /// default) makes the worker wait for the joined phase instead.
+    fn save(&self, _w: &mut Self::Worker) -> Option<Self::Worker> {
+        None
+    }
+
     /// `--cc atomic`: performs the current transaction as plain atomic memory operations
     /// without a transaction (Doppel thesis §7.2's upper bound). Returns `false` if the
     /// workload has no such form (the default).

@@ -135,6 +135,7 @@ struct Tables {
 }
 
 /// A worker's state: the current transaction's inputs.
+#[derive(Clone)]
 pub struct RubisWorker {
     rng: SmallRng,
     blind: bool,
@@ -356,6 +357,13 @@ impl Workload for Rubis {
             _ => return,
         };
         w.seq += 1;
+    }
+
+    fn save(&self, w: &mut RubisWorker) -> Option<RubisWorker> {
+        let copy = w.clone();
+        // The copy keeps this sequence number: new transactions use the next ones.
+        w.seq += 1;
+        Some(copy)
     }
 
     fn kinds(&self) -> &'static [&'static str] {

@@ -13,8 +13,8 @@ use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use shoal::{ConcurrencyControl, Database, Error, LogMode, Options};
 use shoal::doppel::StashQueue;
+use shoal::{ConcurrencyControl, Database, Error, LogMode, Options};
 
 use crate::dist::{parse_dist, KeyDist};
 use crate::engine_opts;
@@ -722,7 +722,9 @@ fn worker<W: Workload>(
         };
         let cur = rerun.as_mut().unwrap_or(&mut st);
         let kind = w.kind(cur).min(out.per_type.len() - 1);
-        match run_one(w, db, ctl, cur, kind, start, &mut stash, &mut out, thread, &mut rng) {
+        match run_one(
+            w, db, ctl, cur, kind, start, &mut stash, &mut out, thread, &mut rng,
+        ) {
             Outcome::Stop => break,
             Outcome::Stashed => continue,
             Outcome::RolledBack => {

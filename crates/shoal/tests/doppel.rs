@@ -661,7 +661,10 @@ fn a_stash_queue_keeps_the_worker_running_while_stashed_work_waits() {
         }
     }
     // The worker went on with new transactions while stashed ones waited for their phase.
-    assert!(adds_while_queued > 0, "no work done while stashed reads waited");
+    assert!(
+        adds_while_queued > 0,
+        "no work done while stashed reads waited"
+    );
     assert!(runs.values().all(|&n| n == 1), "a stashed read ran twice");
     let st = db.doppel_stats().unwrap();
     assert!(st.stashed > 0 && st.split_phases > 1, "{st:?}");

@@ -2,16 +2,20 @@
 //! §4.2), the wound marks of wound-wait, and the count of spinning waiters for the hybrid
 //! waiting style.
 //!
-//! Fingerprints are per thread, as in Shore-MT and Kimura ("a transaction might be carried out
-//! by multiple parallel threads"): `FINGERPRINT_BITS` of the `DIGEST_BITS`-bit Bloom filter,
-//! drawn once per thread. A digest is published only while its transaction waits; the digest
-//! of a transaction that does not wait is its thread's fingerprint. Bloom filters give no
-//! false negatives, so every cycle is found; a collision can report a false deadlock, which
-//! is counted like any other victim. Kimura et al. used 512-bit digests; we use 1024 bits
-//! (16 words to OR per blocker) because long queues of many threads fill 512 bits enough to
-//! make false positives common in our stress tests.
+//! Fingerprints are per transaction: `FINGERPRINT_BITS` of the `DIGEST_BITS`-bit Bloom
+//! filter, hashed from the transaction id. Kimura et al. and Shore-MT draw them per thread;
+//! then a digest that went stale (it still names a dependency on a thread's previous,
+//! finished transaction) makes that thread's next transaction find its own fingerprint in a
+//! blocker's digest: a false deadlock that no Bloom collision explains. Staleness also spreads
+//! through every digest built from a stale one, which marking at release cannot reach. With a
+//! fingerprint per transaction an old dependency can never name a new transaction, so the only
+//! false deadlocks left are Bloom collisions. A digest is published only while its
+//! transaction waits; the digest of a transaction that does not wait is its fingerprint.
+//! Bloom filters give no false negatives, so every cycle is found; a collision can report a
+//! false deadlock, which is counted like any other victim. Kimura et al. used 512-bit
+//! digests; we use 1024 bits (16 words to OR per blocker) because long queues of many threads
+//! fill 512 bits enough to make false positives common in our stress tests.
 
-use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -58,7 +62,6 @@ impl Digest {
 }
 
 thread_local! {
-    static FINGERPRINT: Cell<u32> = const { Cell::new(0) };
     static PIPELINE: Arc<AtomicU64> = Arc::new(AtomicU64::new(0));
 }
 
@@ -74,26 +77,20 @@ pub fn pipeline_len() -> u64 {
     PIPELINE.with(|p| p.load(Ordering::Acquire))
 }
 
-/// This thread's packed fingerprint (three 10-bit positions), drawn on first use.
-pub fn thread_fingerprint() -> u32 {
-    FINGERPRINT.with(|f| {
-        if f.get() == 0 {
-            // Distinct threads get independent positions: hash a per-thread address and a
-            // global counter (avoids a random-number dependency).
-            static NEXT: AtomicUsize = AtomicUsize::new(1);
-            let seed = NEXT.fetch_add(1, Ordering::Relaxed) as u64;
-            let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (f as *const _ as u64);
-            let mut fp = 0u32;
-            for i in 0..FINGERPRINT_BITS {
-                x ^= x >> 31;
-                x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
-                x ^= x >> 29;
-                fp |= ((x % DIGEST_BITS as u64) as u32) << (10 * i);
-            }
-            f.set(fp | 1 << 31);
-        }
-        f.get() & !(1 << 31)
-    })
+/// The packed fingerprint (three 10-bit positions) of transaction `txn`: a hash of its id.
+pub fn txn_fingerprint(txn: TxnId) -> u32 {
+    // splitmix64 finalizer: consecutive ids get independent positions.
+    let mut x = txn.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut fp = 0u32;
+    for i in 0..FINGERPRINT_BITS {
+        x ^= x >> 30;
+        x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        x ^= x >> 27;
+        x = x.wrapping_mul(0x94D0_49BB_1331_11EB);
+        x ^= x >> 31;
+        fp |= ((x % DIGEST_BITS as u64) as u32) << (10 * i);
+    }
+    fp
 }
 
 #[derive(Clone, Copy)]
@@ -199,13 +196,11 @@ mod tests {
 
     #[test]
     fn fingerprints_have_three_bits_and_digests_union() {
-        let a = Digest::of_fingerprint(thread_fingerprint());
+        let a = Digest::of_fingerprint(txn_fingerprint(1));
         let bits: u32 = a.0.iter().map(|w| w.count_ones()).sum();
         assert!((1..=3).contains(&bits));
-        let other = std::thread::spawn(thread_fingerprint)
-            .join()
-            .expect("thread");
-        let b = Digest::of_fingerprint(other);
+        let b = Digest::of_fingerprint(txn_fingerprint(2));
+        assert_ne!(a, b);
         let mut u = a;
         u.union(&b);
         assert!(u.contains(&a) && u.contains(&b));

@@ -50,7 +50,7 @@ use crossbeam_utils::CachePadded;
 use parking_lot::{Mutex, MutexGuard};
 use rustc_hash::{FxBuildHasher, FxHashMap, FxHashSet};
 
-use super::dread::{pipeline_len, thread_fingerprint, Digest, DreadState};
+use super::dread::{pipeline_len, txn_fingerprint, Digest, DreadState};
 use super::{DeadlockPolicy, LockFailure, LockId, LockMode, LockTable, TxnId, Victim, WaitStyle};
 
 const SHARD_BITS: u32 = 9;
@@ -79,7 +79,7 @@ struct Request {
     in_graph: bool,
     /// The waiting thread, unparked when the request is granted.
     thread: Option<Thread>,
-    /// Dreadlocks fingerprint of the requesting thread.
+    /// Dreadlocks fingerprint of the requesting transaction.
     fp: u32,
     /// The requesting thread's flush-pipeline length when it asked (victim policies).
     pipe: u32,
@@ -94,7 +94,7 @@ impl Request {
             waiting: false,
             in_graph: false,
             thread: None,
-            fp: thread_fingerprint(),
+            fp: txn_fingerprint(txn),
             pipe: pipeline_len().min(u32::MAX as u64) as u32,
         }
     }
@@ -533,7 +533,7 @@ impl SimpleLockTable {
                     waiting: true,
                     in_graph: false,
                     thread: Some(thread::current()),
-                    fp: thread_fingerprint(),
+                    fp: txn_fingerprint(txn),
                     pipe: pipeline_len().min(u32::MAX as u64) as u32,
                 });
                 q.waiting += 1;
@@ -614,7 +614,7 @@ impl SimpleLockTable {
         timeout: Duration,
     ) -> Result<LockMode, LockFailure> {
         let start = Instant::now();
-        let me = Digest::of_fingerprint(thread_fingerprint());
+        let me = Digest::of_fingerprint(txn_fingerprint(txn));
         let dreadlocks = matches!(self.policy, DeadlockPolicy::Dreadlocks(_));
         let result = loop {
             let sh = &mut *shard;

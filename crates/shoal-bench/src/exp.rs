@@ -381,7 +381,7 @@ fn e4(quick: bool) -> Vec<Group> {
         vec![sweep(
             "",
             &format!(
-                "tellers --cc 2pl --deadlock dreadlocks-spin,wound-wait,wait-die,no-wait \
+                "tellers --cc 2pl --deadlock dreadlocks-spin,dreadlocks-hybrid,dreadlocks-backoff,wound-wait,wait-die,no-wait \
                  --threads {t} {w}"
             ),
         )],

@@ -254,8 +254,9 @@ pub fn apply(p: &Point, o: &mut Options) -> anyhow::Result<()> {
 }
 
 /// Every sweepable engine option's effective value in `o`, by axis name, in the form the
-/// command line takes (`lock-table` → `sharded`, `log-latency` → `0ms`, ...).
-pub fn describe(o: &Options) -> Vec<(&'static str, String)> {
+/// command line takes (`lock-table` → `sharded`, `log-latency` → `0ms`, `phase-ms` → 20,
+/// a number as when swept).
+pub fn describe(o: &Options) -> Vec<(&'static str, Value)> {
     let lock_table = match o.lock_table {
         LockTableKind::Sharded => LockTableArg::Sharded,
         LockTableKind::Latched => LockTableArg::Latched,
@@ -293,7 +294,7 @@ pub fn describe(o: &Options) -> Vec<(&'static str, String)> {
         KeyRangeModes::SharedExclusive => KeyModesArg::Sx,
     };
     let ms = |d: Duration| format!("{}ms", d.as_secs_f64() * 1e3);
-    let mut out = vec![
+    let out = vec![
         ("lock-table", lock_table.name()),
         ("intent-locks", intent.name()),
         ("key-range-modes", key_modes.name()),
@@ -307,11 +308,13 @@ pub fn describe(o: &Options) -> Vec<(&'static str, String)> {
         ),
         ("lock-timeout", ms(o.lock_timeout)),
     ];
+    let mut out: Vec<(&'static str, Value)> =
+        out.into_iter().map(|(n, v)| (n, Value::Text(v))).collect();
     if o.cc == shoal::ConcurrencyControl::Doppel {
         // `phase-ms` is a number on the command line; the record names it as such.
         out.push((
             "phase-ms",
-            format!("{}", o.doppel.split_phase.as_secs_f64() * 1e3),
+            Value::Float(o.doppel.split_phase.as_secs_f64() * 1e3),
         ));
     }
     out
@@ -365,12 +368,12 @@ mod tests {
         assert_eq!(o.intent_locks, Options::default().intent_locks);
         let d = describe(&o);
         assert!(
-            d.contains(&("deadlock", "dreadlocks-hybrid".to_string())),
+            d.contains(&("deadlock", Value::from("dreadlocks-hybrid"))),
             "{d:?}"
         );
-        assert!(d.contains(&("log-latency", "10ms".to_string())), "{d:?}");
+        assert!(d.contains(&("log-latency", Value::from("10ms"))), "{d:?}");
         assert!(
-            d.contains(&("checkpoint-interval", "off".to_string())),
+            d.contains(&("checkpoint-interval", Value::from("off"))),
             "{d:?}"
         );
         let bad = Point(vec![("victim", Value::from("kill-nobody"))]);

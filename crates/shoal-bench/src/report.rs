@@ -194,7 +194,7 @@ impl Record {
                 // point (which names the swept ones as given).
                 let mut o: BTreeMap<String, Value> = crate::engine_opts::describe(&r.cfg.options)
                     .into_iter()
-                    .map(|(n, v)| (json_name(n), Value::Text(v)))
+                    .map(|(n, v)| (json_name(n), v))
                     .collect();
                 o.extend(r.cfg.point.0.iter().map(|(n, v)| (json_name(n), v.clone())));
                 o

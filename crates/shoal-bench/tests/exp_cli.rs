@@ -53,7 +53,7 @@ fn exp_quick_writes_csv_json_and_a_plot_line_per_series() {
     let json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(res.join("E4.json")).unwrap()).unwrap();
     let recs = json.as_array().expect("a JSON array of records");
-    assert_eq!(recs.len(), 4 * 3, "{json:#}");
+    assert_eq!(recs.len(), 6 * 3, "{json:#}");
     let mut series: Vec<&str> = Vec::new();
     for r in recs {
         assert_eq!(r["workload"], "tellers");
@@ -65,7 +65,7 @@ fn exp_quick_writes_csv_json_and_a_plot_line_per_series() {
             series.push(s);
         }
     }
-    assert_eq!(series.len(), 4, "{series:?}");
+    assert_eq!(series.len(), 6, "{series:?}");
     assert!(series.contains(&"deadlock=wound-wait"), "{series:?}");
 
     let csv = std::fs::read_to_string(res.join("E4.csv")).unwrap();
@@ -81,7 +81,7 @@ fn exp_quick_writes_csv_json_and_a_plot_line_per_series() {
     ] {
         assert!(header.contains(&col), "{col} missing: {header:?}");
     }
-    assert_eq!(lines.count(), 12, "{csv}");
+    assert_eq!(lines.count(), 18, "{csv}");
 
     let svg = std::fs::read_to_string(res.join("E4.svg")).unwrap();
     assert!(svg.contains("<svg") && svg.trim_end().ends_with("</svg>"));

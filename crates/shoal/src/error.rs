@@ -32,7 +32,9 @@ pub enum Error {
     /// Doppel: in a split phase the transaction read a split record, or used it with an
     /// operation other than its selected one; it was rolled back and runs again in the next
     /// joined phase. Retryable: [`Database::run`](crate::Database::run) re-runs it without
-    /// counting a retry, and the thread's next `begin()` waits for the joined phase.
+    /// counting a retry, and the thread's next `begin()` waits for the joined phase (unless
+    /// the thread sets the transaction aside in a [`StashQueue`](crate::doppel::StashQueue)
+    /// and goes on with other work).
     #[error("transaction {txn} was stashed until the next joined phase: {detail}")]
     Stashed {
         /// The transaction that was stashed.

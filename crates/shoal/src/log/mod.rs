@@ -1,6 +1,6 @@
 //! Write-ahead log: redo-only logical records ([`record`]), a log buffer whose insert critical
-//! section only claims space, with a group-commit flush daemon ([`buffer`]), segment files and
-//! replay ([`segment`]), and fuzzy checkpoints ([`checkpoint`]).
+//! section only claims space, with a group-commit flush daemon (`buffer`), segment files and
+//! replay (`segment`), and fuzzy checkpoints (`checkpoint`).
 
 pub(crate) mod buffer;
 pub(crate) mod checkpoint;

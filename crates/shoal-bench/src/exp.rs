@@ -236,24 +236,28 @@ fn e10(quick: bool) -> Vec<Group> {
     } else {
         ("5s", "--duration 20 --warmup 0")
     };
-    [("2", "10%", "0.1"), ("16", "10%", "0.1"), ("2", "50%", "0.5")]
-        .iter()
-        .map(|(t, pct, hot)| {
-            group(
-                &format!("INCR1, {pct} hot, the hot key moving every {every}, {t} threads"),
-                TIME,
-                &[Metric::IntervalTps],
-                false,
-                vec![sweep(
-                    "",
-                    &format!(
-                        "incr1 --cc occ,doppel --hot-fraction {hot} --hot-move-every {every} \
+    [
+        ("2", "10%", "0.1"),
+        ("16", "10%", "0.1"),
+        ("2", "50%", "0.5"),
+    ]
+    .iter()
+    .map(|(t, pct, hot)| {
+        group(
+            &format!("INCR1, {pct} hot, the hot key moving every {every}, {t} threads"),
+            TIME,
+            &[Metric::IntervalTps],
+            false,
+            vec![sweep(
+                "",
+                &format!(
+                    "incr1 --cc occ,doppel --hot-fraction {hot} --hot-move-every {every} \
                          --threads {t} --report-interval 0.1 {w}"
-                    ),
-                )],
-            )
-        })
-        .collect()
+                ),
+            )],
+        )
+    })
+    .collect()
 }
 
 fn e11(quick: bool) -> Vec<Group> {

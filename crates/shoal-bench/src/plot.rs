@@ -42,7 +42,7 @@ pub struct Panel {
     pub log_y: bool,
     /// The lines.
     pub series: Vec<Series>,
-    /// x values (linear x scale) marked by a thin grey vertical line, e.g. the instants the
+    /// x values (linear x scale) marked by a dashed grey vertical line, e.g. the instants the
     /// workload changed.
     pub x_marks: Vec<f64>,
 }
@@ -298,10 +298,10 @@ fn draw_panel(root: &Area<'_>, area: &Area<'_>, panel: &Panel) -> anyhow::Result
     }
     mesh.draw().map_err(err)?;
     if xm.scale == XScale::Linear {
-        let grey = RGBColor(150, 150, 150).stroke_width(1);
+        let style = RGBColor(90, 90, 90).stroke_width(1);
         for &x in panel.x_marks.iter().filter(|x| (x0..=x1).contains(*x)) {
             chart
-                .draw_series(LineSeries::new([(x, y0), (x, y1)], grey))
+                .draw_series(DashedLineSeries::new([(x, y0), (x, y1)], 6, 4, style))
                 .map_err(err)?;
         }
     }
@@ -448,6 +448,22 @@ mod tests {
         };
         assert_eq!(XMap::of(&one).scale, XScale::Categories);
         assert_eq!(render(&[one]).unwrap().matches("\n128\n</text>").count(), 1);
+    }
+
+    #[test]
+    fn x_marks_are_dashed_lines_on_linear_panels() {
+        let p = Panel {
+            title: "t".into(),
+            x_label: "seconds".into(),
+            y_label: "y".into(),
+            log_y: false,
+            series: vec![series("a", &[(0.1, 1.0), (0.2, 2.0), (0.3, 1.0)])],
+            x_marks: vec![0.15, 0.25, 9.0],
+        };
+        let svg = render(&[p]).unwrap();
+        // Two marks inside the x range, each drawn as dashes.
+        let dashes = svg.matches("stroke=\"#5A5A5A\"").count();
+        assert!(dashes >= 4, "{dashes} dashes: {svg}");
     }
 
     #[test]

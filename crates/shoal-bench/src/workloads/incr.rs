@@ -186,7 +186,10 @@ impl Workload for Incr {
         let moving = every.map(|every| {
             // The harness makes every worker of a run before it starts any; the first one
             // made fixes the run's start.
-            let mut g = self.run_start.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut g = self
+                .run_start
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
             let start = match *g {
                 Some((r, t)) if r == run => t,
                 _ => {

@@ -42,6 +42,9 @@ pub struct Panel {
     pub log_y: bool,
     /// The lines.
     pub series: Vec<Series>,
+    /// x values (linear x scale) marked by a dashed grey vertical line, e.g. the instants the
+    /// workload changed.
+    pub x_marks: Vec<f64>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -294,6 +297,14 @@ fn draw_panel(root: &Area<'_>, area: &Area<'_>, panel: &Panel) -> anyhow::Result
         mesh.x_labels(0).disable_x_mesh();
     }
     mesh.draw().map_err(err)?;
+    if xm.scale == XScale::Linear {
+        let style = RGBColor(90, 90, 90).stroke_width(1);
+        for &x in panel.x_marks.iter().filter(|x| (x0..=x1).contains(*x)) {
+            chart
+                .draw_series(DashedLineSeries::new([(x, y0), (x, y1)], 6, 4, style))
+                .map_err(err)?;
+        }
+    }
     if xm.scale != XScale::Linear {
         // Ticks at the data's x values, labelled with them.
         let style =
@@ -372,6 +383,7 @@ mod tests {
                 series("a", &[(1.0, 10.0), (4.0, 20.0), (64.0, 5.0)]),
                 series("b", &[(1.0, 30.0), (4.0, 2.0), (64.0, 1.0), (64.0, 3.0)]),
             ],
+            x_marks: Vec::new(),
         };
         let svg = render(&[p.clone(), p]).unwrap();
         assert!(
@@ -406,6 +418,7 @@ mod tests {
             y_label: "y".into(),
             log_y: false,
             series: vec![s],
+            x_marks: Vec::new(),
         };
         let xm = XMap::of(&p);
         assert_eq!(xm.scale, XScale::Categories);
@@ -422,6 +435,7 @@ mod tests {
             y_label: "y".into(),
             log_y: true,
             series: vec![series("none", &[])],
+            x_marks: vec![1.0],
         };
         assert!(render(std::slice::from_ref(&p))
             .unwrap()
@@ -434,6 +448,22 @@ mod tests {
         };
         assert_eq!(XMap::of(&one).scale, XScale::Categories);
         assert_eq!(render(&[one]).unwrap().matches("\n128\n</text>").count(), 1);
+    }
+
+    #[test]
+    fn x_marks_are_dashed_lines_on_linear_panels() {
+        let p = Panel {
+            title: "t".into(),
+            x_label: "seconds".into(),
+            y_label: "y".into(),
+            log_y: false,
+            series: vec![series("a", &[(0.1, 1.0), (0.2, 2.0), (0.3, 1.0)])],
+            x_marks: vec![0.15, 0.25, 9.0],
+        };
+        let svg = render(&[p]).unwrap();
+        // Two marks inside the x range, each drawn as dashes.
+        let dashes = svg.matches("stroke=\"#5A5A5A\"").count();
+        assert!(dashes >= 4, "{dashes} dashes: {svg}");
     }
 
     #[test]

@@ -37,6 +37,12 @@ pub struct DoppelArgs {
           value_parser = parse_fraction)]
     pub hot_fraction: Vec<f64>,
 
+    /// incr1: move the hot counter every DURATION (`5s`, `500ms`) of wall-clock time since
+    /// the run started (warm-up included): counter 0 first, then each period another counter
+    /// drawn from `--seed`. Off when not given.
+    #[arg(long, value_delimiter = ',', value_name = "LIST", value_parser = parse_hot_move)]
+    pub hot_move_every: Option<Vec<String>>,
+
     /// incrz, like, rubis: Zipf exponent of the key (page, item) popularity; 0 = uniform.
     /// Defaults: incrz 1.4, like 1.4, rubis 1.8.
     #[arg(long, value_delimiter = ',', value_name = "LIST", value_parser = parse_alpha)]
@@ -70,6 +76,15 @@ fn parse_fraction(s: &str) -> Result<f64, String> {
     } else {
         Err(format!("{v} is not between 0 and 1"))
     }
+}
+
+/// Parses `--hot-move-every`: a duration of at least 1 ms, kept as given for display.
+pub fn parse_hot_move(s: &str) -> Result<String, String> {
+    let d = crate::engine_opts::parse_duration(s)?;
+    if d < std::time::Duration::from_millis(1) {
+        return Err(format!("{s:?}: the hot key moves at most every 1ms"));
+    }
+    Ok(s.trim().to_string())
 }
 
 fn parse_alpha(s: &str) -> Result<f64, String> {
@@ -122,11 +137,21 @@ impl DoppelArgs {
             Axis::new("alpha", false, a)
         };
         match w {
-            WorkloadKind::Incr1 => vec![Axis::new(
-                "hot-fraction",
-                false,
-                self.hot_fraction.iter().copied(),
-            )],
+            WorkloadKind::Incr1 => {
+                let mut axes = vec![Axis::new(
+                    "hot-fraction",
+                    false,
+                    self.hot_fraction.iter().copied(),
+                )];
+                if let Some(m) = &self.hot_move_every {
+                    axes.push(Axis::new(
+                        "hot-move-every",
+                        false,
+                        m.iter().map(String::as_str),
+                    ));
+                }
+                axes
+            }
             WorkloadKind::Incrz => vec![alpha(1.4)],
             WorkloadKind::Like => vec![
                 alpha(1.4),
@@ -207,6 +232,28 @@ pub struct DoppelRun {
     /// Every record split at some sample of the window, as `table/key:OP`, most often split
     /// first (at most 32).
     pub split: Vec<String>,
+    /// When the set of records split changed during the window: one entry per split phase
+    /// whose set differs from the previous entry's, and an empty set once a joined phase has
+    /// lasted [`JOINED_SAMPLES`] samples (the short joined phases between split phases are
+    /// left out); at most [`MAX_SPLIT_CHANGES`] entries.
+    pub split_changes: Vec<SplitChange>,
+}
+
+/// Most entries of [`DoppelRun::split_changes`].
+pub const MAX_SPLIT_CHANGES: usize = 256;
+
+/// Consecutive joined samples (10 ms apart) after which [`DoppelRun::split_changes`] notes
+/// that nothing is split.
+pub const JOINED_SAMPLES: u32 = 5;
+
+/// A split phase whose set of split records differs from the previous split phase's.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct SplitChange {
+    /// Seconds since the window's first sample (10 ms samples; the first comes at most 10 ms
+    /// after the window starts).
+    pub t_s: f64,
+    /// The records split, as `table/key:OP`.
+    pub split: Vec<String>,
 }
 
 /// Samples Doppel's state during a run's measurement window.
@@ -217,6 +264,10 @@ pub struct DoppelSampler {
     sum: u64,
     max: usize,
     seen: Vec<(String, u64)>,
+    first: Option<std::time::Instant>,
+    changes: Vec<SplitChange>,
+    /// The current run of joined samples: its length and its first sample's time.
+    joined: (u32, f64),
 }
 
 impl DoppelSampler {
@@ -229,26 +280,54 @@ impl DoppelSampler {
             sum: 0,
             max: 0,
             seen: Vec::new(),
+            first: None,
+            changes: Vec::new(),
+            joined: (0, 0.0),
         }
     }
 
     /// Takes one sample (called every 10 ms of the measurement window).
     pub fn tick(&mut self, db: &Database) {
         let Some(s) = db.doppel_stats() else { return };
+        let now = std::time::Instant::now();
+        let t0 = *self.first.get_or_insert(now);
+        let t_s = ((now - t0).as_secs_f64() * 1000.0).round() / 1000.0;
         self.samples += 1;
         if s.phase != Some(shoal::doppel::Phase::Split) {
+            if self.joined.0 == 0 {
+                self.joined.1 = t_s;
+            }
+            self.joined.0 += 1;
+            if self.joined.0 == JOINED_SAMPLES {
+                self.note_change(self.joined.1, Vec::new());
+            }
             return;
         }
+        self.joined.0 = 0;
         self.in_split += 1;
         let keys = db.split_keys();
         self.sum += keys.len() as u64;
         self.max = self.max.max(keys.len());
-        for (t, k, op) in keys {
-            let name = format!("{t}/{}:{op:?}", String::from_utf8_lossy(&k));
-            match self.seen.iter_mut().find(|(n, _)| *n == name) {
+        let names: Vec<String> = keys
+            .into_iter()
+            .map(|(t, k, op)| format!("{t}/{}:{op:?}", String::from_utf8_lossy(&k)))
+            .collect();
+        for name in &names {
+            match self.seen.iter_mut().find(|(n, _)| n == name) {
                 Some(e) => e.1 += 1,
-                None => self.seen.push((name, 1)),
+                None => self.seen.push((name.clone(), 1)),
             }
+        }
+        self.note_change(t_s, names);
+    }
+
+    /// Notes that the records split are `split` from `t_s` on, unless they already were.
+    fn note_change(&mut self, t_s: f64, split: Vec<String>) {
+        let last = self.changes.last().map(|c| &c.split);
+        // The window starts with nothing split unless a split phase says otherwise.
+        let unchanged = last.map_or(split.is_empty(), |l| *l == split);
+        if !unchanged && self.changes.len() < MAX_SPLIT_CHANGES {
+            self.changes.push(SplitChange { t_s, split });
         }
     }
 
@@ -269,6 +348,7 @@ impl DoppelSampler {
             stashed: end.stashed.saturating_sub(s.stashed),
             cancelled_changes: end.cancelled_changes.saturating_sub(s.cancelled_changes),
             split: self.seen.into_iter().take(32).map(|(n, _)| n).collect(),
+            split_changes: self.changes,
         })
     }
 }

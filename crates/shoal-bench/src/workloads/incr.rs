@@ -5,7 +5,11 @@
 //! adds 1 to one counter:
 //!
 //! * **incr1** (`--hot-fraction X`): counter 0 is hot; with probability X the transaction adds
-//!   to it, otherwise to a uniformly chosen other counter. Types `hot` and `other`.
+//!   to it, otherwise to a uniformly chosen other counter. Types `hot` and `other`. With
+//!   `--hot-move-every D` (thesis §7.3, Fig. 7-3) the hot counter moves every D of wall-clock
+//!   time since the run started: every thread derives it from the elapsed time since one
+//!   start instant shared by the run's workers, and the counter of each period from the run's
+//!   seed ([`hot_counter`]), so runs with the same seed move through the same counters.
 //! * **incrz** (`--alpha A`): the counter is drawn Zipfian(A) (counter 0 the most popular);
 //!   A = 0 is uniform.
 //!
@@ -16,6 +20,8 @@
 //! transactions committed.
 
 use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use indicatif::ProgressBar;
@@ -23,7 +29,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use shoal::{Database, Table, Transaction};
 
-use super::doppel_args::{float, key16, parse_key16};
+use super::doppel_args::{float, key16, parse_key16, text};
 use super::{parallel_load, Ledger, Workload};
 use crate::dist::{KeyDist, Sampler};
 use crate::harness::{Cc, RunConfig};
@@ -41,6 +47,44 @@ pub struct Incr {
     atomic: Option<Box<[AtomicI64]>>,
     /// Which variant: incr1 (with a hot key) or incrz.
     hot_key: bool,
+    /// `--hot-move-every`: the start instant of the current run (by run number), shared by
+    /// its workers.
+    run_start: Mutex<Option<(u16, Instant)>>,
+    /// `--hot-move-every`: the seed of the last run that moved the hot counter and the last
+    /// period its workers reached (for the check's summary).
+    moves: Mutex<Option<(u64, u64)>>,
+}
+
+/// incr1 `--hot-move-every`: when the hot counter moves, and which it is now.
+#[derive(Clone, Debug)]
+pub struct HotMove {
+    start: Instant,
+    every: Duration,
+    seed: u64,
+    n: u64,
+    /// The period the worker's current hot counter belongs to.
+    period: u64,
+}
+
+/// The hot counter of the `period`-th period (0 = the first) of a run with seed `seed` over
+/// `n` counters: counter 0 first, then each period a counter other than the previous
+/// period's, drawn from the seed and the period number.
+pub fn hot_counter(seed: u64, n: u64, period: u64) -> u64 {
+    let mut id = 0;
+    if n < 2 {
+        return id;
+    }
+    for p in 1..=period {
+        let mut rng = SmallRng::seed_from_u64(seed ^ p.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        id = (id + rng.gen_range(1..n)) % n;
+    }
+    id
+}
+
+/// Which period of `every` the instant `now` falls in, counting from `start`.
+pub fn hot_period(start: Instant, every: Duration, now: Instant) -> u64 {
+    let n = now.saturating_duration_since(start).as_nanos() / every.as_nanos().max(1);
+    u64::try_from(n).unwrap_or(u64::MAX)
 }
 
 /// A worker's state: the generator and the current counter.
@@ -54,6 +98,10 @@ pub struct IncrWorker {
     id: u64,
     hot: bool,
     key: [u8; 16],
+    /// incr1: the hot counter now.
+    hot_id: u64,
+    /// incr1 `--hot-move-every`: its schedule.
+    moving: Option<HotMove>,
 }
 
 impl Incr {
@@ -125,10 +173,40 @@ impl Workload for Incr {
             n,
             atomic,
             hot_key: Incr::is_incr1(cfg),
+            run_start: Mutex::new(None),
+            moves: Mutex::new(None),
         })
     }
 
-    fn worker(&self, cfg: &RunConfig, _run: u16, _thread: u16, seed: u64) -> IncrWorker {
+    fn worker(&self, cfg: &RunConfig, run: u16, _thread: u16, seed: u64) -> IncrWorker {
+        let every = (cfg.point.get("hot-move-every").is_some() && self.hot_key)
+            .then(|| text(cfg, "hot-move-every", ""))
+            .and_then(|s| crate::engine_opts::parse_duration(s).ok())
+            .filter(|d| !d.is_zero());
+        let moving = every.map(|every| {
+            // The harness makes every worker of a run before it starts any; the first one
+            // made fixes the run's start.
+            let mut g = self
+                .run_start
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let start = match *g {
+                Some((r, t)) if r == run => t,
+                _ => {
+                    let t = Instant::now();
+                    *g = Some((run, t));
+                    t
+                }
+            };
+            *self.moves.lock().unwrap_or_else(PoisonError::into_inner) = Some((cfg.seed, 0));
+            HotMove {
+                start,
+                every,
+                seed: cfg.seed,
+                n: self.n,
+                period: 0,
+            }
+        });
         IncrWorker {
             rng: SmallRng::seed_from_u64(seed),
             blind: cfg.cc == Cc::Doppel,
@@ -137,13 +215,32 @@ impl Workload for Incr {
             id: 0,
             hot: false,
             key: [0; 16],
+            hot_id: 0,
+            moving,
         }
     }
 
     fn next(&self, w: &mut IncrWorker) {
         if self.hot_key {
+            if let Some(m) = &mut w.moving {
+                let p = hot_period(m.start, m.every, Instant::now());
+                if p != m.period {
+                    m.period = p;
+                    w.hot_id = hot_counter(m.seed, m.n, p);
+                    let mut g = self.moves.lock().unwrap_or_else(PoisonError::into_inner);
+                    if let Some((_, last)) = g.as_mut() {
+                        *last = (*last).max(p);
+                    }
+                }
+            }
             w.hot = w.rng.gen_bool(w.hot_fraction);
-            w.id = if w.hot { 0 } else { w.rng.gen_range(1..self.n) };
+            w.id = if w.hot {
+                w.hot_id
+            } else {
+                // Uniform over the other counters.
+                let r = w.rng.gen_range(0..self.n - 1);
+                r + u64::from(r >= w.hot_id)
+            };
         } else {
             w.id = w.sampler.sample(&mut w.rng);
             w.hot = false;
@@ -210,7 +307,22 @@ impl Workload for Incr {
                 .atomic
                 .as_ref()
                 .map_or(0, |a| a[0].load(Ordering::Relaxed));
-            format!(", hot counter {}", v + a)
+            let moves = *self.moves.lock().unwrap_or_else(PoisonError::into_inner);
+            match moves {
+                Some((seed, last)) => {
+                    // The hot counters of the last run, as their keys' hex ids.
+                    let ids: Vec<String> = (0..=last.min(99))
+                        .map(|p| format!("{:x}", hot_counter(seed, self.n, p)))
+                        .collect();
+                    format!(
+                        ", first hot counter {}; hot counters (hex) {}{}",
+                        v + a,
+                        ids.join(" "),
+                        if last > 99 { " ..." } else { "" }
+                    )
+                }
+                None => format!(", hot counter {}", v + a),
+            }
         } else {
             String::new()
         };
@@ -264,6 +376,70 @@ mod tests {
         for cc in ["2pl", "occ", "doppel"] {
             run(cc, &[("hot-fraction", Value::Float(0.9))]);
         }
+    }
+
+    #[test]
+    fn incr1_with_a_moving_hot_key_checks_under_every_cc() {
+        for cc in ["2pl", "occ", "doppel"] {
+            run(
+                cc,
+                &[
+                    ("hot-fraction", Value::Float(0.5)),
+                    ("hot-move-every", Value::from("1ms")),
+                ],
+            );
+        }
+    }
+
+    #[test]
+    fn the_hot_counter_schedule_is_reproducible_and_always_moves() {
+        let n = 1000;
+        let a: Vec<u64> = (0..50).map(|p| hot_counter(7, n, p)).collect();
+        assert_eq!(a[0], 0);
+        assert!(a.iter().all(|&id| id < n));
+        assert!(a.windows(2).all(|w| w[0] != w[1]), "{a:?}");
+        assert_eq!(a, (0..50).map(|p| hot_counter(7, n, p)).collect::<Vec<_>>());
+        let b: Vec<u64> = (0..50).map(|p| hot_counter(8, n, p)).collect();
+        assert_ne!(a, b, "another seed, other counters");
+        assert_eq!(hot_counter(7, 2, 3), 1, "two counters alternate");
+        let t0 = Instant::now();
+        let every = Duration::from_millis(100);
+        assert_eq!(hot_period(t0, every, t0), 0);
+        assert_eq!(hot_period(t0, every, t0 + Duration::from_millis(99)), 0);
+        assert_eq!(hot_period(t0, every, t0 + Duration::from_millis(250)), 2);
+    }
+
+    #[test]
+    fn workers_of_a_run_share_the_moving_hot_key() {
+        let cfg = config(
+            "occ",
+            &[
+                ("records", Value::Int(1000)),
+                ("hot-fraction", Value::Float(1.0)),
+                ("hot-move-every", Value::from("5ms")),
+            ],
+        );
+        let db = open(&cfg);
+        let w = Incr::load(&db, &cfg, 1, &ProgressBar::hidden()).unwrap();
+        let (mut a, mut b) = (w.worker(&cfg, 0, 0, 1), w.worker(&cfg, 0, 1, 2));
+        let start = a.moving.as_ref().unwrap().start;
+        assert_eq!(b.moving.as_ref().unwrap().start, start);
+        let mut seen = Vec::new();
+        while start.elapsed() < Duration::from_millis(30) {
+            for st in [&mut a, &mut b] {
+                w.next(st);
+                assert!(st.hot);
+                let p = st.moving.as_ref().unwrap().period;
+                assert_eq!(st.id, hot_counter(42, 1000, p));
+                if !seen.contains(&st.id) {
+                    seen.push(st.id);
+                }
+            }
+        }
+        assert!(seen.len() >= 3, "{seen:?}");
+        // The next run on this database starts its own schedule.
+        let c = w.worker(&cfg, 1, 0, 1);
+        assert!(c.moving.as_ref().unwrap().start > start);
     }
 
     #[test]

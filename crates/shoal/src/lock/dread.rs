@@ -93,10 +93,12 @@ pub fn txn_fingerprint(txn: TxnId) -> u32 {
     fp
 }
 
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct Entry {
     digest: Digest,
     stale: bool,
+    /// The waiting thread, so that a waiter that finds it in a cycle can wake it to check.
+    thread: std::thread::Thread,
 }
 
 type Registry = Box<[CachePadded<Mutex<FxHashMap<TxnId, Entry>>>]>;
@@ -134,15 +136,35 @@ impl DreadState {
         }
     }
 
-    /// Publishes `txn`'s refreshed digest (clearing a stale mark).
+    /// Publishes `txn`'s refreshed digest (clearing a stale mark); the calling thread is the
+    /// one that waits for `txn`.
     pub fn publish(&self, txn: TxnId, digest: Digest) {
-        self.shard(txn).lock().insert(
-            txn,
-            Entry {
-                digest,
-                stale: false,
-            },
-        );
+        let mut shard = self.shard(txn).lock();
+        match shard.get_mut(&txn) {
+            Some(e) => {
+                e.digest = digest;
+                e.stale = false;
+            }
+            None => {
+                shard.insert(
+                    txn,
+                    Entry {
+                        digest,
+                        stale: false,
+                        thread: std::thread::current(),
+                    },
+                );
+            }
+        }
+    }
+
+    /// Wakes the thread waiting for `txn`, if it sleeps: a waiter found a cycle through `txn`
+    /// whose victim `txn` is, and `txn` would otherwise notice only at its next nap's end.
+    pub fn nudge(&self, txn: TxnId) {
+        let t = self.shard(txn).lock().get(&txn).map(|e| e.thread.clone());
+        if let Some(t) = t {
+            t.unpark();
+        }
     }
 
     /// Marks `txn`'s digest stale (sleep-and-backoff: its dependency was released).

@@ -672,6 +672,7 @@ impl SimpleLockTable {
                         // roll back (else the other side will).
                         let mut digest = me;
                         let mut found = None;
+                        let mut nudge: Vec<TxnId> = Vec::new();
                         let mine = pipeline_len();
                         for &(b, fp, pipe) in &blockers {
                             let d = self.dread.digest_of(b, fp);
@@ -691,6 +692,14 @@ impl SimpleLockTable {
                                     found = Some(b);
                                     break;
                                 }
+                                // The other side is the victim: wake it to see the cycle
+                                // now rather than at the end of its nap.
+                                if !matches!(
+                                    self.policy,
+                                    DeadlockPolicy::Dreadlocks(WaitStyle::Spin)
+                                ) {
+                                    nudge.push(b);
+                                }
                             }
                             digest.union(&d);
                         }
@@ -698,6 +707,9 @@ impl SimpleLockTable {
                             Some(b) => Some(LockFailure::Deadlock { blocker: Some(b) }),
                             None => {
                                 self.dread.publish(txn, digest);
+                                for b in nudge {
+                                    self.dread.nudge(b);
+                                }
                                 None
                             }
                         }

@@ -80,8 +80,8 @@ const COMPAT: [[bool; 4]; 4] = [
 /// mode is inside.
 fn section(c: &AtomicU64, p: usize) {
     let prev = c.fetch_add(1 << (16 * p), SeqCst);
-    for q in 0..4 {
-        if !COMPAT[p][q] {
+    for (q, &ok) in COMPAT[p].iter().enumerate() {
+        if !ok {
             assert_eq!(
                 (prev >> (16 * q)) & 0xffff,
                 0,

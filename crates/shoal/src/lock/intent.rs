@@ -178,11 +178,18 @@ fn covered(mask: u8, p: usize) -> bool {
 }
 
 impl LightweightIntentLocks {
-    /// A table for objects `0..capacity`, with the deadlock-prevention timeouts of intent and
-    /// of absolute requests.
+    /// A table for objects `0..capacity` (rounded up to a power of two), with the
+    /// deadlock-prevention timeouts of intent and of absolute requests.
+    ///
+    /// ```
+    /// use shoal::lock::intent::LightweightIntentLocks;
+    /// use std::time::Duration;
+    /// let lil = LightweightIntentLocks::new(100, Duration::ZERO, Duration::ZERO);
+    /// assert_eq!(lil.capacity(), 128);
+    /// ```
     pub fn new(capacity: usize, intent_timeout: Duration, absolute_timeout: Duration) -> Self {
         LightweightIntentLocks {
-            objects: (0..capacity.max(1))
+            objects: (0..capacity.max(1).next_power_of_two())
                 .map(|_| CachePadded::new(Object::new()))
                 .collect(),
             intent_timeout,
@@ -196,8 +203,9 @@ impl LightweightIntentLocks {
     }
 
     fn object(&self, obj: u32) -> &Object {
-        // Callers pass ids below `capacity` (the database checks when it creates tables).
-        &self.objects[obj as usize % self.objects.len()]
+        // Ids beyond the capacity share an object (conservative). The length is a power of
+        // two: a mask, not a division, on the hot path.
+        &self.objects[obj as usize & (self.objects.len() - 1)]
     }
 
     /// Acquires `mode` (IS, IX, S, SIX or X) on `obj` for the transaction owning `mine`,

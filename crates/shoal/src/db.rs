@@ -280,7 +280,7 @@ pub(crate) struct DbInner {
     pub(crate) lil: Option<Arc<LightweightIntentLocks>>,
     pub(crate) next_txn: AtomicU64,
     pub(crate) serial: Mutex<()>,
-    tables: RwLock<HashMap<String, Table>>,
+    pub(crate) tables: RwLock<HashMap<String, Table>>,
     dir: Option<PathBuf>,
     pub(crate) log: Option<LogBuffer>,
     pub(crate) log_mode: LogMode,

@@ -266,3 +266,36 @@ fn a_deadlock_victim_is_doomed_and_releases_its_locks() {
     let victims = results.iter().filter(|r| r.1).count();
     assert_eq!((committed, victims), (1, 1), "{results:?}");
 }
+
+#[test]
+fn a_refused_table_lock_names_the_table() {
+    use shoal::lock::LockMode;
+    use shoal::IntentLockKind;
+    for intent_locks in [IntentLockKind::Lightweight, IntentLockKind::LockTable] {
+        let db = Database::in_memory_with(Options {
+            lock_timeout: Duration::from_millis(5),
+            intent_locks,
+            ..Options::default()
+        });
+        let t = db.create_table("accounts").expect("create");
+        let mut a = db.begin();
+        a.lock_table(&t, LockMode::X).expect("X");
+        let mut b = db.begin();
+        let e = b.lock_table(&t, LockMode::IS).expect_err("blocked by X");
+        assert!(e.is_retryable(), "{e}");
+        assert!(
+            e.to_string().contains("\"accounts\""),
+            "{intent_locks:?}: {e}"
+        );
+        drop(b);
+        a.commit().expect("commit");
+        // A foreign table is still refused.
+        let other = Database::in_memory();
+        let u = other.create_table("u").expect("create");
+        let mut c = db.begin();
+        assert!(matches!(
+            c.lock_table(&u, LockMode::IS),
+            Err(Error::ForeignTable { .. })
+        ));
+    }
+}

@@ -13,45 +13,73 @@
 //! them are held back. Deadlocks are prevented by timeouts, longer for absolute requests, so
 //! the main lock table never needs to know about intent locks.
 //!
-//! SIX is held as S plus IX. Deviation: the critical section is a `parking_lot` mutex (which
-//! spins briefly before parking) rather than a bare spinlock.
+//! SIX is held as S plus IX.
+//!
+//! *Deviation:* the paper guards each object's counters with a spinlock. Here the four granted
+//! counts and a `SLOW` flag are packed into one 64-bit word (module `object`): while nobody
+//! waits on the object, a grant is one compare-and-swap of the word and a release one atomic
+//! subtraction, with no clock read and no version bump. A request that cannot be granted at
+//! once takes a mutex, announces itself (setting `SLOW`, which sends every later request of the
+//! object through the mutex too, where waiting absolute requests keep their priority) and
+//! waits as in Algorithm 3; while `SLOW` is set, releases bump the version and broadcast under
+//! that mutex. The object's algorithm reaches its primitives only through the `sync` module
+//! below, so `tests/intent_shuttle.rs` model-checks it with `shuttle`.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+#[path = "intent/object.rs"]
+mod object;
+
+/// The primitives the object algorithm uses (`parking_lot` here; `shuttle`'s in the
+/// model-checking test), with a by-value guard API shared by both.
+mod sync {
+    use std::time::Duration;
+
+    pub(super) use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// A mutex whose `lock` returns the guard.
+    #[derive(Default)]
+    pub(super) struct Mutex<T>(parking_lot::Mutex<T>);
+
+    impl<T> Mutex<T> {
+        pub(super) fn new(v: T) -> Self {
+            Mutex(parking_lot::Mutex::new(v))
+        }
+
+        pub(super) fn lock(&self) -> parking_lot::MutexGuard<'_, T> {
+            self.0.lock()
+        }
+    }
+
+    /// A condition variable waiting in timed slices.
+    #[derive(Default)]
+    pub(super) struct Condvar(parking_lot::Condvar);
+
+    impl Condvar {
+        pub(super) fn new() -> Self {
+            Condvar(parking_lot::Condvar::new())
+        }
+
+        pub(super) fn wait_for<'a, T>(
+            &self,
+            mut g: parking_lot::MutexGuard<'a, T>,
+            d: Duration,
+        ) -> parking_lot::MutexGuard<'a, T> {
+            self.0.wait_for(&mut g, d);
+            g
+        }
+
+        pub(super) fn notify_all(&self) {
+            self.0.notify_all();
+        }
+    }
+}
+
+use std::time::Duration;
 
 use crossbeam_utils::CachePadded;
-use parking_lot::{Condvar, Mutex};
+
+use object::{Object, Refused, IS, IX, S, X};
 
 use super::{LockFailure, LockMode};
-
-const IS: usize = 0;
-const IX: usize = 1;
-const S: usize = 2;
-const X: usize = 3;
-
-/// Compatibility of the four counted modes (Table 4 restricted to IS IX S X).
-const COMPAT: [[bool; 4]; 4] = [
-    // IS    IX     S      X
-    [true, true, true, false],    // IS
-    [true, true, false, false],   // IX
-    [true, false, true, false],   // S
-    [false, false, false, false], // X
-];
-
-#[derive(Default)]
-struct Counts {
-    granted: [u32; 4],
-    /// Waiting absolute requests: [S, X].
-    waiting_abs: [u32; 2],
-    waiters: u32,
-}
-
-struct Object {
-    counts: Mutex<Counts>,
-    version: AtomicU64,
-    sleep: Mutex<()>,
-    wake: Condvar,
-}
 
 /// The global lightweight-intent-lock table: one slot per lockable object (object 0 is the
 /// database, table `t` is object `t`).
@@ -75,25 +103,44 @@ pub struct LightweightIntentLocks {
     absolute_timeout: Duration,
 }
 
+/// Entries a private table keeps inline (a transaction rarely locks more objects: the
+/// database and a few tables), so building and dropping one allocates nothing.
+const INLINE: usize = 8;
+
 /// A transaction's private table of the intent locks it holds (no synchronization needed).
 #[derive(Debug, Default, Clone)]
 pub struct PrivateIntents {
-    /// (object, bit mask of held modes IS=1 IX=2 S=4 X=8).
-    held: Vec<(u32, u8)>,
+    /// The first `len` entries: (object, bit mask of held modes IS=1 IX=2 S=4 X=8).
+    inline: [(u32, u8); INLINE],
+    len: usize,
+    /// Entries beyond the inline ones.
+    spill: Vec<(u32, u8)>,
 }
 
 impl PrivateIntents {
+    fn entries(&self) -> impl Iterator<Item = &(u32, u8)> {
+        self.inline[..self.len].iter().chain(self.spill.iter())
+    }
+
     fn mask(&self, obj: u32) -> u8 {
-        self.held
-            .iter()
+        self.entries()
             .find(|(o, _)| *o == obj)
             .map_or(0, |(_, m)| *m)
     }
 
     fn add(&mut self, obj: u32, bit: u8) {
-        match self.held.iter_mut().find(|(o, _)| *o == obj) {
+        let (inline, spill) = (&mut self.inline[..self.len], &mut self.spill);
+        match inline
+            .iter_mut()
+            .chain(spill.iter_mut())
+            .find(|(o, _)| *o == obj)
+        {
             Some((_, m)) => *m |= bit,
-            None => self.held.push((obj, bit)),
+            None if self.len < INLINE => {
+                self.inline[self.len] = (obj, bit);
+                self.len += 1;
+            }
+            None => self.spill.push((obj, bit)),
         }
     }
 
@@ -103,7 +150,7 @@ impl PrivateIntents {
     /// assert!(shoal::lock::intent::PrivateIntents::default().is_empty());
     /// ```
     pub fn is_empty(&self) -> bool {
-        self.held.is_empty()
+        self.len == 0
     }
 }
 
@@ -131,19 +178,19 @@ fn covered(mask: u8, p: usize) -> bool {
 }
 
 impl LightweightIntentLocks {
-    /// A table for objects `0..capacity`, with the deadlock-prevention timeouts of intent and
-    /// of absolute requests.
+    /// A table for objects `0..capacity` (rounded up to a power of two), with the
+    /// deadlock-prevention timeouts of intent and of absolute requests.
+    ///
+    /// ```
+    /// use shoal::lock::intent::LightweightIntentLocks;
+    /// use std::time::Duration;
+    /// let lil = LightweightIntentLocks::new(100, Duration::ZERO, Duration::ZERO);
+    /// assert_eq!(lil.capacity(), 128);
+    /// ```
     pub fn new(capacity: usize, intent_timeout: Duration, absolute_timeout: Duration) -> Self {
         LightweightIntentLocks {
-            objects: (0..capacity.max(1))
-                .map(|_| {
-                    CachePadded::new(Object {
-                        counts: Mutex::new(Counts::default()),
-                        version: AtomicU64::new(0),
-                        sleep: Mutex::new(()),
-                        wake: Condvar::new(),
-                    })
-                })
+            objects: (0..capacity.max(1).next_power_of_two())
+                .map(|_| CachePadded::new(Object::new()))
                 .collect(),
             intent_timeout,
             absolute_timeout,
@@ -156,28 +203,9 @@ impl LightweightIntentLocks {
     }
 
     fn object(&self, obj: u32) -> &Object {
-        // Callers pass ids below `capacity` (the database checks when it creates tables).
-        &self.objects[obj as usize % self.objects.len()]
-    }
-
-    /// Can `p` be granted to a holder of `mine` given the global counts?
-    fn grantable(c: &Counts, mine: u8, p: usize) -> bool {
-        for (q, &n) in c.granted.iter().enumerate() {
-            let own = u32::from(mine & (1 << q) != 0);
-            if n > own && !COMPAT[p][q] {
-                return false;
-            }
-        }
-        // Waiting absolute requests go first: hold back what conflicts with them.
-        if p == IS || p == IX {
-            if c.waiting_abs[0] > 0 && !COMPAT[p][S] {
-                return false;
-            }
-            if c.waiting_abs[1] > 0 && !COMPAT[p][X] {
-                return false;
-            }
-        }
-        true
+        // Ids beyond the capacity share an object (conservative). The length is a power of
+        // two: a mask, not a division, on the hot path.
+        &self.objects[obj as usize & (self.objects.len() - 1)]
     }
 
     /// Acquires `mode` (IS, IX, S, SIX or X) on `obj` for the transaction owning `mine`,
@@ -208,6 +236,7 @@ impl LightweightIntentLocks {
         Ok(())
     }
 
+    #[inline]
     fn lock_part(
         &self,
         mine: &mut PrivateIntents,
@@ -219,101 +248,43 @@ impl LightweightIntentLocks {
         if covered(held, p) {
             return Ok(());
         }
-        let o = self.object(obj);
-        let absolute = p == S || p == X;
-        let timeout = if absolute {
+        let timeout = if p == S || p == X {
             self.absolute_timeout
         } else {
             self.intent_timeout
         };
-        let start = Instant::now();
-        let mut announced = false;
-        loop {
-            let base = {
-                let mut c = o.counts.lock();
-                if Self::grantable(&c, held, p) {
-                    c.granted[p] += 1;
-                    if announced {
-                        if absolute {
-                            c.waiting_abs[p - S] -= 1;
-                        }
-                        c.waiters -= 1;
-                    }
-                    drop(c);
-                    mine.add(obj, 1 << p);
-                    return Ok(());
-                }
-                if !wait {
-                    return Err(LockFailure::WouldBlock);
-                }
-                if !announced {
-                    if absolute {
-                        c.waiting_abs[p - S] += 1;
-                    }
-                    c.waiters += 1;
-                    announced = true;
-                }
-                o.version.load(Ordering::Acquire)
-            };
-            let waited = start.elapsed();
-            if waited >= timeout {
-                let mut c = o.counts.lock();
-                if absolute {
-                    c.waiting_abs[p - S] -= 1;
-                }
-                c.waiters -= 1;
-                drop(c);
-                // Our announcement may have held others back: let them re-check.
-                self.bump(o);
-                return Err(LockFailure::Timeout {
-                    blocker: None,
-                    waited,
-                });
+        match self.object(obj).acquire(held, p, wait.then_some(timeout)) {
+            Ok(()) => {
+                mine.add(obj, 1 << p);
+                Ok(())
             }
-            let mut g = o.sleep.lock();
-            while o.version.load(Ordering::Acquire) == base && start.elapsed() < timeout {
-                o.wake.wait_for(&mut g, Duration::from_millis(1));
-            }
+            Err(Refused::WouldBlock) => Err(LockFailure::WouldBlock),
+            Err(Refused::Timeout(waited)) => Err(LockFailure::Timeout {
+                blocker: None,
+                waited,
+            }),
         }
-    }
-
-    fn bump(&self, o: &Object) {
-        o.version.fetch_add(1, Ordering::AcqRel);
-        let _g = o.sleep.lock();
-        o.wake.notify_all();
     }
 
     /// Releases every intent lock the transaction holds (Algorithm 4).
     pub fn release_all(&self, mine: &mut PrivateIntents) {
-        for (obj, mask) in mine.held.drain(..) {
-            let o = self.object(obj);
-            let waiters = {
-                let mut c = o.counts.lock();
-                for q in 0..4 {
-                    if mask & (1 << q) != 0 {
-                        c.granted[q] -= 1;
-                    }
-                }
-                o.version.fetch_add(1, Ordering::AcqRel);
-                c.waiters
-            };
-            if waiters > 0 {
-                let _g = o.sleep.lock();
-                o.wake.notify_all();
-            }
+        for &(obj, mask) in mine.entries() {
+            self.object(obj).release(mask);
         }
+        mine.len = 0;
+        mine.spill.clear();
     }
 
     /// Granted counts of `obj` as [IS, IX, S, X] (for tests and statistics).
     pub fn granted(&self, obj: u32) -> [u32; 4] {
-        self.object(obj).counts.lock().granted
+        self.object(obj).granted()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::AtomicBool;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     use std::sync::Arc;
 
     fn lil() -> LightweightIntentLocks {
@@ -400,7 +371,9 @@ mod tests {
             t.lock(&mut b, 3, LockMode::X),
             Err(LockFailure::Timeout { .. })
         ));
-        // The timed-out announcement is gone: intents flow again.
+        // The timed-out announcement is gone (and with it the slow path): intents flow again.
+        assert_eq!(t.object(3).waiting(), (0, false));
+        assert_eq!(t.object(2).waiting(), (0, false));
         assert!(t.try_lock(&mut b, 3, LockMode::IX).is_ok());
         t.release_all(&mut a);
         t.release_all(&mut b);

@@ -57,11 +57,13 @@ impl Transaction<'_> {
     pub fn lock_table(&mut self, table: &Table, mode: LockMode) -> Result<()> {
         self.active()?;
         check_coarse(mode)?;
-        let slot = self.table_slot(table)?;
+        // No slot in `self.tables`: a coarse lock needs only the id (and the handle's
+        // reference count is a cache line every thread using the table would write).
+        self.check_table(table)?;
         if !self.locking {
             return Ok(());
         }
-        let tid = self.tables[slot as usize].inner.id;
+        let tid = table.inner.id;
         self.coarse_lock(&[
             (0, LockId::Database, parent_intent(mode)),
             (tid, LockId::Table(tid), mode),

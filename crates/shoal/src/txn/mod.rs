@@ -33,6 +33,7 @@
 //! did not exist becomes a ghost).
 
 use std::cell::Cell;
+use std::collections::HashMap;
 use std::ops::{Bound, Range, RangeFrom, RangeFull, RangeInclusive, RangeTo, RangeToInclusive};
 use std::time::Duration;
 
@@ -358,13 +359,19 @@ impl<'db> Transaction<'db> {
         Ok(())
     }
 
-    /// Validates the table handle and returns its slot in `self.tables`.
-    fn table_slot(&mut self, table: &Table) -> Result<u16> {
+    /// Fails unless `table` belongs to this transaction's database.
+    fn check_table(&self, table: &Table) -> Result<()> {
         if table.inner.db_id != self.db.inner.id {
             return Err(Error::ForeignTable {
                 name: table.inner.name.clone(),
             });
         }
+        Ok(())
+    }
+
+    /// Validates the table handle and returns its slot in `self.tables`.
+    fn table_slot(&mut self, table: &Table) -> Result<u16> {
+        self.check_table(table)?;
         if let Some(i) = self
             .tables
             .iter()
@@ -386,7 +393,7 @@ impl<'db> Transaction<'db> {
     }
 
     fn lock_error(&self, id: &LockId, f: LockFailure) -> Error {
-        let resource = describe(&self.tables, id);
+        let resource = describe(&self.tables, &self.db.inner.tables.read(), id);
         let blocker = |b: Option<TxnId>| b.map_or_else(|| "?".to_string(), |b| format!("txn {b}"));
         match f {
             LockFailure::Deadlock { blocker: b } => Error::Deadlock {
@@ -1425,11 +1432,14 @@ fn decode_i64(key: &[u8], v: &[u8]) -> Result<i64> {
     Ok(i64::from_le_bytes(bytes))
 }
 
-/// Renders a lock name for error messages.
-fn describe(tables: &[Table], id: &LockId) -> String {
+/// Renders a lock name for error messages, naming tables from the transaction's own `tables`
+/// or else from the database's (`all`: tables locked with `lock_table` only are not in the
+/// transaction's list).
+fn describe(tables: &[Table], all: &HashMap<String, Table>, id: &LockId) -> String {
     let name = |tid: u32| {
         tables
             .iter()
+            .chain(all.values())
             .find(|t| t.inner.id == tid)
             .map_or_else(|| format!("table#{tid}"), |t| format!("{:?}", t.inner.name))
     };

@@ -832,9 +832,12 @@ fn lock_heads_stay_bounded_over_fresh_ids() {
     // While running: the lock heads of running transactions (8 x 7), those created since a
     // sweep last passed their bucket (a full sweep every 16 x 16 creations per slot), and
     // retired ones waiting for the epoch (batches of 64 per slot; more while a preempted
-    // thread stays pinned). Not a function of the run length.
-    const BOUND: usize = 50_000;
-    assert!(max <= BOUND, "{max} lock heads allocated (> {BOUND})");
+    // thread stays pinned: under load a preempted pinned thread holds back the epoch for as
+    // long as it is off the CPU, and 3k-9k here grew past 50k once in a loaded full-suite
+    // run). Not a function of the run length: a leak would keep every one of the fresh ids'
+    // heads, so the bound is a fifth of them.
+    let bound = (txns as usize * FRESH_PER_TXN as usize / 5).max(50_000);
+    assert!(max <= bound, "{max} lock heads allocated (> {bound})");
     assert_eq!(t.queue_count(), 0);
     for k in 0..HOT {
         assert!(t.is_free(&key(k)));

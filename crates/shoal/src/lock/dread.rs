@@ -109,6 +109,10 @@ pub(crate) struct DreadState {
     wounded: Mutex<FxHashSet<TxnId>>,
     spinners: AtomicUsize,
     cores: usize,
+    /// Runnable threads of the machine (Linux `/proc/loadavg`), sampled at most once a
+    /// millisecond: `(sample time in ms since `born`) << 20 | runnable`; 0 before the first.
+    runnable: AtomicU64,
+    born: std::time::Instant,
 }
 
 impl DreadState {
@@ -120,6 +124,8 @@ impl DreadState {
             wounded: Mutex::new(FxHashSet::default()),
             spinners: AtomicUsize::new(0),
             cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            runnable: AtomicU64::new(0),
+            born: std::time::Instant::now(),
         }
     }
 
@@ -195,8 +201,14 @@ impl DreadState {
         self.wounded.lock().remove(&txn)
     }
 
-    /// Hybrid waiting: may one more waiter spin? Registers it if so.
+    /// Hybrid waiting: may one more waiter spin? Registers it if so. Spinning pays while the
+    /// runnable threads fit on the cores (a spinner then takes no CPU a lock holder needs);
+    /// past that, waiters sleep. Where the machine's runnable count is unknown (not Linux),
+    /// at most `cores - 1` waiters spin.
     pub fn try_spin(&self) -> bool {
+        if self.machine_runnable().is_some_and(|r| r > self.cores) {
+            return false;
+        }
         let n = self.spinners.fetch_add(1, Ordering::AcqRel);
         if n < self.cores.saturating_sub(1).max(1) {
             true
@@ -204,6 +216,25 @@ impl DreadState {
             self.spinners.fetch_sub(1, Ordering::AcqRel);
             false
         }
+    }
+
+    /// Runnable threads of the machine (the fourth field of `/proc/loadavg`, which counts
+    /// the reader itself), re-read at most once a millisecond.
+    fn machine_runnable(&self) -> Option<usize> {
+        const NONE: u64 = (1 << 20) - 1;
+        let now = self.born.elapsed().as_millis() as u64 + 1;
+        let cached = self.runnable.load(Ordering::Relaxed);
+        if cached != 0 && cached >> 20 == now {
+            let r = cached & NONE;
+            return (r != NONE).then_some(r as usize);
+        }
+        let r = std::fs::read_to_string("/proc/loadavg").ok().and_then(|s| {
+            let field = s.split_whitespace().nth(3)?;
+            field.split('/').next()?.parse::<usize>().ok()
+        });
+        let v = r.map_or(NONE, |r| r.min(NONE as usize - 1) as u64);
+        self.runnable.store(now << 20 | v, Ordering::Relaxed);
+        r
     }
 
     /// Ends a spin registered by [`try_spin`](Self::try_spin).

@@ -152,7 +152,9 @@ pub enum WaitStyle {
     /// threads ignore them until their owners refresh: no false deadlocks from sleepers.
     #[default]
     SleepBackoff,
-    /// Spin while the spinning waiters fit on the cores, sleep with backoff past that.
+    /// Spin while the machine's runnable threads fit on the cores (Linux: `/proc/loadavg`,
+    /// sampled once a millisecond; elsewhere: while the spinners fit on the cores), sleep
+    /// with backoff past that.
     Hybrid,
 }
 

@@ -50,8 +50,114 @@ pub struct Record {
     pub tid: u64,
 }
 
-type Key = Box<[u8]>;
 type NodeRef = Arc<RwLock<Node>>;
+
+/// Bytes of a key kept inline in the node (the rest of a longer key is on the heap).
+const INLINE: usize = 16;
+
+/// A key as the tree stores it (in leaves, separators and fences).
+///
+/// The first [`INLINE`] bytes sit in the node itself, zero padded, and compare as one
+/// big-endian integer: a binary search over a node reads no other memory and calls no
+/// `memcmp` unless two keys share those bytes and are both longer. Keys of at most
+/// [`INLINE`] bytes need no heap buffer at all; a longer key keeps its whole value in `long`.
+#[derive(Clone)]
+struct Key {
+    head: [u8; INLINE],
+    len: u32,
+    /// The whole key when it is longer than [`INLINE`] bytes.
+    long: Option<Box<[u8]>>,
+}
+
+impl Key {
+    fn new(k: &[u8]) -> Key {
+        let mut head = [0u8; INLINE];
+        let n = k.len().min(INLINE);
+        head[..n].copy_from_slice(&k[..n]);
+        Key {
+            head,
+            // Keys are bounded by `Options::max_key_len`, far below 4 GiB; saturate anyway
+            // (a longer key keeps its exact length in `long`).
+            len: u32::try_from(k.len()).unwrap_or(u32::MAX),
+            long: (k.len() > INLINE).then(|| k.into()),
+        }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        match &self.long {
+            Some(b) => b,
+            None => &self.head[..self.len as usize],
+        }
+    }
+
+    /// Orders this key against `p` as the byte strings compare.
+    #[inline]
+    fn cmp_probe(&self, p: &Probe<'_>) -> Ordering {
+        match u128::from_be_bytes(self.head).cmp(&p.head) {
+            Ordering::Equal => {}
+            o => return o,
+        }
+        // Equal heads: if either key fits inline, it is a prefix of the other, so the
+        // lengths decide. Otherwise compare the rest.
+        if self.len as usize <= INLINE || p.bytes.len() <= INLINE {
+            return (self.len as usize).cmp(&p.bytes.len());
+        }
+        self.bytes()[INLINE..].cmp(&p.bytes[INLINE..])
+    }
+
+    /// The representation invariant: `head` holds the first bytes zero padded, `long` the
+    /// whole key exactly when it does not fit inline.
+    fn well_formed(&self) -> bool {
+        let b = self.bytes();
+        let n = b.len().min(INLINE);
+        b.len() == self.len as usize
+            && (b.len() > INLINE) == self.long.is_some()
+            && self.head[..n] == b[..n]
+            && self.head[n..].iter().all(|&x| x == 0)
+    }
+
+    fn lt(&self, p: &Probe<'_>) -> bool {
+        self.cmp_probe(p) == Ordering::Less
+    }
+
+    fn le(&self, p: &Probe<'_>) -> bool {
+        self.cmp_probe(p) != Ordering::Greater
+    }
+}
+
+impl std::ops::Deref for Key {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        self.bytes()
+    }
+}
+
+impl std::fmt::Debug for Key {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.bytes().fmt(f)
+    }
+}
+
+/// A search key prepared for [`Key::cmp_probe`]: its first [`INLINE`] bytes as a big-endian
+/// integer.
+struct Probe<'a> {
+    head: u128,
+    bytes: &'a [u8],
+}
+
+impl<'a> Probe<'a> {
+    #[inline]
+    fn new(bytes: &'a [u8]) -> Self {
+        let mut head = [0u8; INLINE];
+        let n = bytes.len().min(INLINE);
+        head[..n].copy_from_slice(&bytes[..n]);
+        Probe {
+            head: u128::from_be_bytes(head),
+            bytes,
+        }
+    }
+}
 
 struct Leaf {
     low: Option<Key>,
@@ -74,8 +180,14 @@ enum Node {
 }
 
 impl Inner {
-    fn child_index(&self, key: &[u8]) -> usize {
-        self.seps.partition_point(|s| &s[..] <= key)
+    fn child_index(&self, key: &Probe<'_>) -> usize {
+        self.seps.partition_point(|s| s.le(key))
+    }
+}
+
+impl Leaf {
+    fn search(&self, key: &Probe<'_>) -> Result<usize, usize> {
+        self.keys.binary_search_by(|k| k.cmp_probe(key))
     }
 }
 
@@ -143,11 +255,12 @@ impl BTree {
     /// assert!(t.get(b"k", |r| r.is_none()));
     /// ```
     pub fn get<R>(&self, key: &[u8], f: impl FnOnce(Option<&Record>) -> R) -> R {
+        let key = &Probe::new(key);
         let mut g = self.root.read_arc();
         loop {
             let child = match &*g {
                 Node::Leaf(l) => {
-                    return match l.keys.binary_search_by(|k| k[..].cmp(key)) {
+                    return match l.search(key) {
                         Ok(i) => f(Some(&l.recs[i])),
                         Err(_) => f(None),
                     }
@@ -171,14 +284,20 @@ impl BTree {
     /// assert!(t.is_empty());
     /// ```
     pub fn update<R>(&self, key: &[u8], f: impl FnOnce(&mut Option<Record>) -> R) -> R {
+        let key = &Probe::new(key);
         match self.update_optimistic(key, f) {
             Ok(r) => r,
             Err(f) => self.update_pessimistic(key, f),
         }
     }
 
-    fn apply<R>(&self, l: &mut Leaf, key: &[u8], f: impl FnOnce(&mut Option<Record>) -> R) -> R {
-        match l.keys.binary_search_by(|k| k[..].cmp(key)) {
+    fn apply<R>(
+        &self,
+        l: &mut Leaf,
+        key: &Probe<'_>,
+        f: impl FnOnce(&mut Option<Record>) -> R,
+    ) -> R {
+        match l.search(key) {
             Ok(i) => {
                 let mut slot = Some(std::mem::take(&mut l.recs[i]));
                 let r = f(&mut slot);
@@ -195,7 +314,7 @@ impl BTree {
                 let mut slot = None;
                 let r = f(&mut slot);
                 if let Some(rec) = slot {
-                    l.keys.insert(i, key.into());
+                    l.keys.insert(i, Key::new(key.bytes));
                     l.recs.insert(i, rec);
                 }
                 r
@@ -205,7 +324,7 @@ impl BTree {
 
     /// Read latches down to the leaf's parent, a write latch on the leaf. Gives `f` back when
     /// the leaf is full and `key` absent (an insert could need a split).
-    fn update_optimistic<R, F>(&self, key: &[u8], f: F) -> Result<R, F>
+    fn update_optimistic<R, F>(&self, key: &Probe<'_>, f: F) -> Result<R, F>
     where
         F: FnOnce(&mut Option<Record>) -> R,
     {
@@ -216,9 +335,7 @@ impl BTree {
                 drop(g);
                 let mut w = self.root.write();
                 if let Node::Leaf(l) = &mut *w {
-                    if l.keys.len() >= self.leaf_cap
-                        && l.keys.binary_search_by(|k| k[..].cmp(key)).is_err()
-                    {
+                    if l.keys.len() >= self.leaf_cap && l.search(key).is_err() {
                         return Err(f);
                     }
                     return Ok(self.apply(l, key, f));
@@ -245,9 +362,7 @@ impl BTree {
                 let Node::Leaf(l) = &mut *w else {
                     unreachable_leaf()
                 };
-                if l.keys.len() >= self.leaf_cap
-                    && l.keys.binary_search_by(|k| k[..].cmp(key)).is_err()
-                {
+                if l.keys.len() >= self.leaf_cap && l.search(key).is_err() {
                     return Err(f);
                 }
                 return Ok(self.apply(l, key, f));
@@ -258,7 +373,11 @@ impl BTree {
 
     /// Write-latch coupling with preemptive splits: every node entered has room for one more
     /// entry, so at most a parent and a child are latched at a time.
-    fn update_pessimistic<R>(&self, key: &[u8], f: impl FnOnce(&mut Option<Record>) -> R) -> R {
+    fn update_pessimistic<R>(
+        &self,
+        key: &Probe<'_>,
+        f: impl FnOnce(&mut Option<Record>) -> R,
+    ) -> R {
         let mut g = self.root.write_arc();
         if self.is_full(&g) {
             self.split_root(&mut g);
@@ -356,32 +475,31 @@ impl BTree {
     /// assert_eq!(t.predecessor(b"m"), None);
     /// ```
     pub fn predecessor(&self, key: &[u8]) -> Option<Vec<u8>> {
-        let mut target: Vec<u8> = key.to_vec();
+        let mut target: Option<Key> = None;
         loop {
+            let t = Probe::new(target.as_ref().map_or(key, |k| k.bytes()));
             // Descend to the leaf that holds `target`'s position.
             let mut g = self.root.read_arc();
             let next_target = loop {
                 let child = match &*g {
                     Node::Leaf(l) => {
-                        let p = l.keys.partition_point(|k| k[..] < target[..]);
+                        let p = l.keys.partition_point(|k| k.lt(&t));
                         if p > 0 {
                             return Some(l.keys[p - 1].to_vec());
                         }
                         // Nothing below `target` here: look below the low fence.
                         match &l.low {
                             None => return None,
-                            Some(low) => break low.to_vec(),
+                            Some(low) => break low.clone(),
                         }
                     }
                     // The child whose keys end just below `target` (a separator equal to
                     // `target` sends us left).
-                    Node::Inner(n) => {
-                        Arc::clone(&n.children[n.seps.partition_point(|s| s[..] < target[..])])
-                    }
+                    Node::Inner(n) => Arc::clone(&n.children[n.seps.partition_point(|s| s.lt(&t))]),
                 };
                 g = child.read_arc();
             };
-            target = next_target;
+            target = Some(next_target);
         }
     }
 
@@ -406,21 +524,27 @@ impl BTree {
         limit: usize,
     ) -> Vec<(Vec<u8>, Record)> {
         let mut out = Vec::new();
-        let mut from: Bound<Vec<u8>> = lo.map(<[u8]>::to_vec);
-        let below_hi = |k: &[u8]| match hi {
+        let mut from: Bound<Key> = lo.map(Key::new);
+        let hi = hi.map(Probe::new);
+        let below_hi = |k: &Key| match &hi {
             Bound::Unbounded => true,
-            Bound::Included(h) => k <= h,
-            Bound::Excluded(h) => k < h,
+            Bound::Included(h) => k.le(h),
+            Bound::Excluded(h) => k.lt(h),
         };
         while out.len() < limit {
+            let from_probe = match &from {
+                Bound::Unbounded => Bound::Unbounded,
+                Bound::Included(k) => Bound::Included(Probe::new(k.bytes())),
+                Bound::Excluded(k) => Bound::Excluded(Probe::new(k.bytes())),
+            };
             let mut g = self.root.read_arc();
             let next = loop {
                 let child = match &*g {
                     Node::Leaf(l) => {
-                        let start = match &from {
+                        let start = match &from_probe {
                             Bound::Unbounded => 0,
-                            Bound::Included(k) => l.keys.partition_point(|x| x[..] < k[..]),
-                            Bound::Excluded(k) => l.keys.partition_point(|x| x[..] <= k[..]),
+                            Bound::Included(k) => l.keys.partition_point(|x| x.lt(k)),
+                            Bound::Excluded(k) => l.keys.partition_point(|x| x.le(k)),
                         };
                         for i in start..l.keys.len() {
                             if out.len() >= limit {
@@ -434,11 +558,11 @@ impl BTree {
                         match &l.high {
                             None => return out,
                             Some(h) if !below_hi(h) => return out,
-                            Some(h) => break h.to_vec(),
+                            Some(h) => break h.clone(),
                         }
                     }
                     Node::Inner(n) => {
-                        let i = match &from {
+                        let i = match &from_probe {
                             Bound::Unbounded => 0,
                             Bound::Included(k) | Bound::Excluded(k) => n.child_index(k),
                         };
@@ -515,6 +639,13 @@ impl BTree {
             ));
         }
         let within = |k: &[u8]| low.is_none_or(|l| k >= l) && high.is_none_or(|h| k < h);
+        let keys = match &*g {
+            Node::Leaf(l) => &l.keys,
+            Node::Inner(i) => &i.seps,
+        };
+        if let Some(k) = keys.iter().chain(nl).chain(nh).find(|k| !k.well_formed()) {
+            return Err(format!("key {k:?} is not stored in its canonical form"));
+        }
         match &*g {
             Node::Leaf(l) => {
                 if l.keys.len() != l.recs.len() {
@@ -523,7 +654,7 @@ impl BTree {
                 if l.keys.len() > self.leaf_cap {
                     return Err("overfull leaf".into());
                 }
-                if l.keys.windows(2).any(|w| w[0] >= w[1]) {
+                if l.keys.windows(2).any(|w| w[0][..] >= w[1][..]) {
                     return Err("leaf keys out of order".into());
                 }
                 if let Some(k) = l.keys.iter().find(|k| !within(k)) {
@@ -540,7 +671,7 @@ impl BTree {
                 if i.children.len() != i.seps.len() + 1 {
                     return Err("inner node: children != separators + 1".into());
                 }
-                if i.seps.windows(2).any(|w| w[0] >= w[1]) {
+                if i.seps.windows(2).any(|w| w[0][..] >= w[1][..]) {
                     return Err("separators out of order".into());
                 }
                 if let Some(k) = i.seps.iter().find(|k| !within(k)) {
@@ -567,11 +698,6 @@ impl BTree {
 
 fn unreachable_leaf() -> ! {
     unreachable!("a node that was a leaf turned into an inner node; only the root does that")
-}
-
-#[allow(dead_code)]
-fn cmp(a: &[u8], b: &[u8]) -> Ordering {
-    a.cmp(b)
 }
 
 #[cfg(test)]
@@ -618,6 +744,69 @@ mod tests {
             Bound::Included(k) => Bound::Included(k),
             Bound::Excluded(k) => Bound::Excluded(k),
             Bound::Unbounded => Bound::Unbounded,
+        }
+    }
+
+    /// Keys around the inline limit with long shared prefixes and zero bytes (padding).
+    fn long_key() -> impl Strategy<Value = Vec<u8>> {
+        proptest::collection::vec(prop_oneof![Just(0u8), Just(1u8), Just(255u8)], 0..40)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+        #[test]
+        fn inline_keys_order_like_byte_strings(a in long_key(), b in long_key()) {
+            let k = Key::new(&a);
+            prop_assert!(k.well_formed());
+            prop_assert_eq!(&k[..], &a[..]);
+            prop_assert_eq!(k.cmp_probe(&Probe::new(&b)), a.cmp(&b));
+            prop_assert_eq!(k.cmp_probe(&Probe::new(&a)), Ordering::Equal);
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(100))]
+        #[test]
+        fn matches_a_btreemap_model_with_long_keys(
+            ops in proptest::collection::vec(
+                (long_key(), any::<u8>(), 0u8..4), 1..300),
+            cap in 3usize..6,
+        ) {
+            let t = BTree::with_capacity(cap, cap);
+            let mut m: BTreeMap<Vec<u8>, Record> = BTreeMap::new();
+            for (k, v, op) in ops {
+                if k.is_empty() {
+                    continue;
+                }
+                match op {
+                    0 => {
+                        t.update(&k, |s| *s = None);
+                        m.remove(&k);
+                    }
+                    1 => {
+                        let want = m.range(..k.clone()).next_back().map(|(k, _)| k.clone());
+                        prop_assert_eq!(t.predecessor(&k), want);
+                        prop_assert_eq!(t.get(&k, |r| r.cloned()), m.get(&k).cloned());
+                    }
+                    2 => {
+                        let got = t.range(Bound::Excluded(&k[..]), Bound::Unbounded, 7);
+                        let want: Vec<(Vec<u8>, Record)> = m
+                            .range((Bound::Excluded(k.clone()), Bound::Unbounded))
+                            .take(7)
+                            .map(|(k, v)| (k.clone(), v.clone()))
+                            .collect();
+                        prop_assert_eq!(got, want);
+                    }
+                    _ => {
+                        let rec = Record { value: vec![v], ghost: false, tid: 0 };
+                        t.update(&k, |s| *s = Some(rec.clone()));
+                        m.insert(k, rec);
+                    }
+                }
+            }
+            prop_assert_eq!(t.check_invariants(), Ok(()));
+            let all = t.range(Bound::Unbounded, Bound::Unbounded, usize::MAX);
+            prop_assert_eq!(all, m.into_iter().collect::<Vec<_>>());
         }
     }
 

@@ -172,6 +172,9 @@ struct Inner {
     /// `seps[i]` separates `children[i]` (keys below) from `children[i + 1]`.
     seps: Vec<Key>,
     children: Vec<NodeRef>,
+    /// The children are leaves (all leaves are at one depth, and a leaf never becomes an
+    /// inner node: only the root changes kind, and the root is nobody's child).
+    leaf_children: bool,
 }
 
 enum Node {
@@ -248,6 +251,20 @@ impl BTree {
         }
     }
 
+    /// A node of this tree, borrowed for as long as the tree: a descent can then latch a child
+    /// and release the parent without cloning the child's `Arc` (reference counting on the
+    /// upper levels is shared-cache-line traffic between all threads).
+    #[inline]
+    fn pin<'t>(&'t self, node: &NodeRef) -> &'t RwLock<Node> {
+        // SAFETY: `node` was read from a node of this tree under its latch. No node of a tree
+        // is ever dropped before the tree: nodes are never merged or removed, a split moves
+        // the `Arc`s it splits off into the new sibling (`split_off`), and a root split moves
+        // the root's old contents into a new child; `Arc`s leave `children` vectors only by
+        // moving. So the tree holds a strong reference to `node`'s allocation until the tree
+        // itself is dropped, which cannot happen while `&'t self` is borrowed.
+        unsafe { &*Arc::as_ptr(node) }
+    }
+
     /// Calls `f` with the record at `key` (ghosts included) under the leaf's read latch.
     ///
     /// ```
@@ -256,7 +273,7 @@ impl BTree {
     /// ```
     pub fn get<R>(&self, key: &[u8], f: impl FnOnce(Option<&Record>) -> R) -> R {
         let key = &Probe::new(key);
-        let mut g = self.root.read_arc();
+        let mut g = self.root.read();
         loop {
             let child = match &*g {
                 Node::Leaf(l) => {
@@ -265,9 +282,9 @@ impl BTree {
                         Err(_) => f(None),
                     }
                 }
-                Node::Inner(n) => Arc::clone(&n.children[n.child_index(key)]),
+                Node::Inner(n) => self.pin(&n.children[n.child_index(key)]),
             };
-            g = child.read_arc();
+            g = child.read();
         }
     }
 
@@ -330,7 +347,7 @@ impl BTree {
     {
         // The root may itself be the leaf.
         {
-            let g = self.root.read_arc();
+            let g = self.root.read();
             if matches!(&*g, Node::Leaf(_)) {
                 drop(g);
                 let mut w = self.root.write();
@@ -343,21 +360,16 @@ impl BTree {
                 // It split between the two latches: descend normally.
             }
         }
-        let mut g = self.root.read_arc();
+        let mut g = self.root.read();
         loop {
             let (child, child_is_leaf) = match &*g {
                 Node::Leaf(_) => unreachable_leaf(),
-                Node::Inner(n) => {
-                    let c = Arc::clone(&n.children[n.child_index(key)]);
-                    let is_leaf = matches!(&*c.read(), Node::Leaf(_));
-                    (c, is_leaf)
-                }
+                Node::Inner(n) => (self.pin(&n.children[n.child_index(key)]), n.leaf_children),
             };
             if child_is_leaf {
-                // Leaves never turn into inner nodes (only the root changes kind), so the
-                // child is still a leaf; the parent's read latch keeps it from splitting
-                // until we hold its write latch.
-                let mut w = child.write_arc();
+                // The parent's read latch keeps the leaf from splitting until we hold its
+                // write latch.
+                let mut w = child.write();
                 drop(g);
                 let Node::Leaf(l) = &mut *w else {
                     unreachable_leaf()
@@ -367,7 +379,7 @@ impl BTree {
                 }
                 return Ok(self.apply(l, key, f));
             }
-            g = child.read_arc();
+            g = child.read();
         }
     }
 
@@ -378,7 +390,7 @@ impl BTree {
         key: &Probe<'_>,
         f: impl FnOnce(&mut Option<Record>) -> R,
     ) -> R {
-        let mut g = self.root.write_arc();
+        let mut g = self.root.write();
         if self.is_full(&g) {
             self.split_root(&mut g);
         }
@@ -387,8 +399,7 @@ impl BTree {
                 Node::Leaf(l) => return self.apply(l, key, f),
                 Node::Inner(n) => {
                     let i = n.child_index(key);
-                    let child = Arc::clone(&n.children[i]);
-                    let mut cg = child.write_arc();
+                    let mut cg = self.pin(&n.children[i]).write();
                     if self.is_full(&cg) {
                         let (sep, right) = self.split(&mut cg);
                         n.seps.insert(i, sep);
@@ -397,8 +408,7 @@ impl BTree {
                         let j = n.child_index(key);
                         if j != i {
                             drop(cg);
-                            let c = Arc::clone(&n.children[j]);
-                            c.write_arc()
+                            self.pin(&n.children[j]).write()
                         } else {
                             cg
                         }
@@ -446,6 +456,7 @@ impl BTree {
                     high: n.high.take(),
                     seps,
                     children,
+                    leaf_children: n.leaf_children,
                 };
                 n.high = Some(up.clone());
                 (up, Arc::new(RwLock::new(Node::Inner(right))))
@@ -461,6 +472,7 @@ impl BTree {
             low: None,
             high: None,
             seps: vec![sep],
+            leaf_children: matches!(left, Node::Leaf(_)),
             children: vec![Arc::new(RwLock::new(left)), right],
         });
     }
@@ -479,7 +491,7 @@ impl BTree {
         loop {
             let t = Probe::new(target.as_ref().map_or(key, |k| k.bytes()));
             // Descend to the leaf that holds `target`'s position.
-            let mut g = self.root.read_arc();
+            let mut g = self.root.read();
             let next_target = loop {
                 let child = match &*g {
                     Node::Leaf(l) => {
@@ -495,9 +507,9 @@ impl BTree {
                     }
                     // The child whose keys end just below `target` (a separator equal to
                     // `target` sends us left).
-                    Node::Inner(n) => Arc::clone(&n.children[n.seps.partition_point(|s| s.lt(&t))]),
+                    Node::Inner(n) => self.pin(&n.children[n.seps.partition_point(|s| s.lt(&t))]),
                 };
-                g = child.read_arc();
+                g = child.read();
             };
             target = Some(next_target);
         }
@@ -537,7 +549,7 @@ impl BTree {
                 Bound::Included(k) => Bound::Included(Probe::new(k.bytes())),
                 Bound::Excluded(k) => Bound::Excluded(Probe::new(k.bytes())),
             };
-            let mut g = self.root.read_arc();
+            let mut g = self.root.read();
             let next = loop {
                 let child = match &*g {
                     Node::Leaf(l) => {
@@ -566,10 +578,10 @@ impl BTree {
                             Bound::Unbounded => 0,
                             Bound::Included(k) | Bound::Excluded(k) => n.child_index(k),
                         };
-                        Arc::clone(&n.children[i])
+                        self.pin(&n.children[i])
                     }
                 };
-                g = child.read_arc();
+                g = child.read();
             };
             from = Bound::Included(next);
         }
@@ -678,6 +690,9 @@ impl BTree {
                     return Err(format!("separator {k:?} outside its node's fences"));
                 }
                 for (c, child) in i.children.iter().enumerate() {
+                    if matches!(&*child.read(), Node::Leaf(_)) != i.leaf_children {
+                        return Err("inner node: leaf_children does not match its children".into());
+                    }
                     let cl = if c == 0 {
                         low
                     } else {
@@ -927,6 +942,58 @@ mod tests {
             }
         });
         assert_eq!(t.check_invariants(), Ok(()));
+    }
+
+    /// Descents (which keep no reference count on the nodes they pass) race with writers that
+    /// grow a tree of tiny nodes from empty, so the root and inner nodes split all the time:
+    /// every key a writer has published must stay reachable by get, predecessor and range.
+    #[test]
+    fn descents_race_with_root_and_inner_splits() {
+        use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
+        for _round in 0..20 {
+            let t = BTree::with_capacity(3, 3);
+            // Writer w inserts keys w, w + 2, w + 4, ... and publishes how many it inserted.
+            let done = [AtomicU32::new(0), AtomicU32::new(0)];
+            let n = 600u32;
+            std::thread::scope(|s| {
+                for w in 0..2u32 {
+                    let (t, done) = (&t, &done);
+                    s.spawn(move || {
+                        for i in 0..n {
+                            let k = (i * 2 + w).to_be_bytes();
+                            t.update(&k, |s| *s = Some(Record::default()));
+                            done[w as usize].store(i + 1, SeqCst);
+                        }
+                    });
+                }
+                for r in 0..2u32 {
+                    let (t, done) = (&t, &done);
+                    s.spawn(move || {
+                        let mut x = 0x2545_F491u32.wrapping_mul(r + 1) | 1;
+                        while done.iter().any(|d| d.load(SeqCst) < n) {
+                            x ^= x << 13;
+                            x ^= x >> 17;
+                            x ^= x << 5;
+                            let w = x & 1;
+                            let have = done[w as usize].load(SeqCst);
+                            if have == 0 {
+                                continue;
+                            }
+                            let i = (x >> 1) % have;
+                            let k = (i * 2 + w).to_be_bytes();
+                            assert!(t.get(&k, |r| r.is_some()), "published key {i}/{w} lost");
+                            let above = (i * 2 + w + 1).to_be_bytes();
+                            let p = t.predecessor(&above).expect("a key below");
+                            assert!(p[..] >= k[..], "predecessor skipped a published key");
+                            let got = t.range(Bound::Included(&k[..]), Bound::Unbounded, 2);
+                            assert_eq!(got.first().map(|(g, _)| &g[..]), Some(&k[..]));
+                        }
+                    });
+                }
+            });
+            assert_eq!(t.check_invariants(), Ok(()));
+            assert_eq!(t.len(), 2 * n as usize);
+        }
     }
 
     #[test]

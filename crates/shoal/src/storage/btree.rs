@@ -159,19 +159,34 @@ impl<'a> Probe<'a> {
     }
 }
 
+/// A leaf entry. Key and record sit side by side, so the record a search lands on is
+/// usually in a cache line the search already loaded.
+struct Entry {
+    key: Key,
+    rec: Record,
+}
+
 struct Leaf {
     low: Option<Key>,
     high: Option<Key>,
-    keys: Vec<Key>,
-    recs: Vec<Record>,
+    ents: Vec<Entry>,
+}
+
+/// A separator with the child to its right (keys at or above it), side by side for the same
+/// reason as [`Entry`].
+struct Sep {
+    key: Key,
+    right: NodeRef,
 }
 
 struct Inner {
     low: Option<Key>,
     high: Option<Key>,
-    /// `seps[i]` separates `children[i]` (keys below) from `children[i + 1]`.
-    seps: Vec<Key>,
-    children: Vec<NodeRef>,
+    /// The child below the first separator.
+    first: NodeRef,
+    /// `seps[i].key` separates child `i` (keys below) from child `i + 1`, `seps[i].right`;
+    /// child 0 is `first`.
+    seps: Vec<Sep>,
     /// The children are leaves (all leaves are at one depth, and a leaf never becomes an
     /// inner node: only the root changes kind, and the root is nobody's child).
     leaf_children: bool,
@@ -184,13 +199,24 @@ enum Node {
 
 impl Inner {
     fn child_index(&self, key: &Probe<'_>) -> usize {
-        self.seps.partition_point(|s| s.le(key))
+        self.seps.partition_point(|s| s.key.le(key))
+    }
+
+    fn child(&self, i: usize) -> &NodeRef {
+        match i {
+            0 => &self.first,
+            i => &self.seps[i - 1].right,
+        }
+    }
+
+    fn children(&self) -> impl Iterator<Item = &NodeRef> {
+        std::iter::once(&self.first).chain(self.seps.iter().map(|s| &s.right))
     }
 }
 
 impl Leaf {
     fn search(&self, key: &Probe<'_>) -> Result<usize, usize> {
-        self.keys.binary_search_by(|k| k.cmp_probe(key))
+        self.ents.binary_search_by(|e| e.key.cmp_probe(key))
     }
 }
 
@@ -224,8 +250,7 @@ fn new_leaf(low: Option<Key>, high: Option<Key>) -> Node {
     Node::Leaf(Leaf {
         low,
         high,
-        keys: Vec::new(),
-        recs: Vec::new(),
+        ents: Vec::new(),
     })
 }
 
@@ -259,7 +284,7 @@ impl BTree {
         // SAFETY: `node` was read from a node of this tree under its latch. No node of a tree
         // is ever dropped before the tree: nodes are never merged or removed, a split moves
         // the `Arc`s it splits off into the new sibling (`split_off`), and a root split moves
-        // the root's old contents into a new child; `Arc`s leave `children` vectors only by
+        // the root's old contents into a new child; `Arc`s leave `seps` vectors only by
         // moving. So the tree holds a strong reference to `node`'s allocation until the tree
         // itself is dropped, which cannot happen while `&'t self` is borrowed.
         unsafe { &*Arc::as_ptr(node) }
@@ -278,11 +303,11 @@ impl BTree {
             let child = match &*g {
                 Node::Leaf(l) => {
                     return match l.search(key) {
-                        Ok(i) => f(Some(&l.recs[i])),
+                        Ok(i) => f(Some(&l.ents[i].rec)),
                         Err(_) => f(None),
                     }
                 }
-                Node::Inner(n) => self.pin(&n.children[n.child_index(key)]),
+                Node::Inner(n) => self.pin(n.child(n.child_index(key))),
             };
             g = child.read();
         }
@@ -316,13 +341,12 @@ impl BTree {
     ) -> R {
         match l.search(key) {
             Ok(i) => {
-                let mut slot = Some(std::mem::take(&mut l.recs[i]));
+                let mut slot = Some(std::mem::take(&mut l.ents[i].rec));
                 let r = f(&mut slot);
                 match slot {
-                    Some(rec) => l.recs[i] = rec,
+                    Some(rec) => l.ents[i].rec = rec,
                     None => {
-                        l.keys.remove(i);
-                        l.recs.remove(i);
+                        l.ents.remove(i);
                     }
                 }
                 r
@@ -331,8 +355,13 @@ impl BTree {
                 let mut slot = None;
                 let r = f(&mut slot);
                 if let Some(rec) = slot {
-                    l.keys.insert(i, Key::new(key.bytes));
-                    l.recs.insert(i, rec);
+                    l.ents.insert(
+                        i,
+                        Entry {
+                            key: Key::new(key.bytes),
+                            rec,
+                        },
+                    );
                 }
                 r
             }
@@ -352,7 +381,7 @@ impl BTree {
                 drop(g);
                 let mut w = self.root.write();
                 if let Node::Leaf(l) = &mut *w {
-                    if l.keys.len() >= self.leaf_cap && l.search(key).is_err() {
+                    if l.ents.len() >= self.leaf_cap && l.search(key).is_err() {
                         return Err(f);
                     }
                     return Ok(self.apply(l, key, f));
@@ -364,7 +393,7 @@ impl BTree {
         loop {
             let (child, child_is_leaf) = match &*g {
                 Node::Leaf(_) => unreachable_leaf(),
-                Node::Inner(n) => (self.pin(&n.children[n.child_index(key)]), n.leaf_children),
+                Node::Inner(n) => (self.pin(n.child(n.child_index(key))), n.leaf_children),
             };
             if child_is_leaf {
                 // The parent's read latch keeps the leaf from splitting until we hold its
@@ -374,7 +403,7 @@ impl BTree {
                 let Node::Leaf(l) = &mut *w else {
                     unreachable_leaf()
                 };
-                if l.keys.len() >= self.leaf_cap && l.search(key).is_err() {
+                if l.ents.len() >= self.leaf_cap && l.search(key).is_err() {
                     return Err(f);
                 }
                 return Ok(self.apply(l, key, f));
@@ -399,16 +428,15 @@ impl BTree {
                 Node::Leaf(l) => return self.apply(l, key, f),
                 Node::Inner(n) => {
                     let i = n.child_index(key);
-                    let mut cg = self.pin(&n.children[i]).write();
+                    let mut cg = self.pin(n.child(i)).write();
                     if self.is_full(&cg) {
                         let (sep, right) = self.split(&mut cg);
-                        n.seps.insert(i, sep);
-                        n.children.insert(i + 1, right);
+                        n.seps.insert(i, Sep { key: sep, right });
                         // Re-pick between the two halves.
                         let j = n.child_index(key);
                         if j != i {
                             drop(cg);
-                            self.pin(&n.children[j]).write()
+                            self.pin(n.child(j)).write()
                         } else {
                             cg
                         }
@@ -423,7 +451,7 @@ impl BTree {
 
     fn is_full(&self, n: &Node) -> bool {
         match n {
-            Node::Leaf(l) => l.keys.len() >= self.leaf_cap,
+            Node::Leaf(l) => l.ents.len() >= self.leaf_cap,
             Node::Inner(n) => n.seps.len() >= self.inner_cap,
         }
     }
@@ -433,15 +461,13 @@ impl BTree {
     fn split(&self, node: &mut Node) -> (Key, NodeRef) {
         match node {
             Node::Leaf(l) => {
-                let mid = l.keys.len() / 2;
-                let keys = l.keys.split_off(mid);
-                let recs = l.recs.split_off(mid);
-                let sep = keys[0].clone();
+                let mid = l.ents.len() / 2;
+                let ents = l.ents.split_off(mid);
+                let sep = ents[0].key.clone();
                 let right = Leaf {
                     low: Some(sep.clone()),
                     high: l.high.take(),
-                    keys,
-                    recs,
+                    ents,
                 };
                 l.high = Some(sep.clone());
                 (sep, Arc::new(RwLock::new(Node::Leaf(right))))
@@ -449,13 +475,15 @@ impl BTree {
             Node::Inner(n) => {
                 let mid = n.seps.len() / 2;
                 let mut seps = n.seps.split_off(mid);
-                let up = seps.remove(0);
-                let children = n.children.split_off(mid + 1);
+                let Sep {
+                    key: up,
+                    right: first,
+                } = seps.remove(0);
                 let right = Inner {
                     low: Some(up.clone()),
                     high: n.high.take(),
+                    first,
                     seps,
-                    children,
                     leaf_children: n.leaf_children,
                 };
                 n.high = Some(up.clone());
@@ -471,9 +499,9 @@ impl BTree {
         *root = Node::Inner(Inner {
             low: None,
             high: None,
-            seps: vec![sep],
+            seps: vec![Sep { key: sep, right }],
             leaf_children: matches!(left, Node::Leaf(_)),
-            children: vec![Arc::new(RwLock::new(left)), right],
+            first: Arc::new(RwLock::new(left)),
         });
     }
 
@@ -495,9 +523,9 @@ impl BTree {
             let next_target = loop {
                 let child = match &*g {
                     Node::Leaf(l) => {
-                        let p = l.keys.partition_point(|k| k.lt(&t));
+                        let p = l.ents.partition_point(|e| e.key.lt(&t));
                         if p > 0 {
-                            return Some(l.keys[p - 1].to_vec());
+                            return Some(l.ents[p - 1].key.to_vec());
                         }
                         // Nothing below `target` here: look below the low fence.
                         match &l.low {
@@ -507,7 +535,7 @@ impl BTree {
                     }
                     // The child whose keys end just below `target` (a separator equal to
                     // `target` sends us left).
-                    Node::Inner(n) => self.pin(&n.children[n.seps.partition_point(|s| s.lt(&t))]),
+                    Node::Inner(n) => self.pin(n.child(n.seps.partition_point(|s| s.key.lt(&t)))),
                 };
                 g = child.read();
             };
@@ -555,17 +583,17 @@ impl BTree {
                     Node::Leaf(l) => {
                         let start = match &from_probe {
                             Bound::Unbounded => 0,
-                            Bound::Included(k) => l.keys.partition_point(|x| x.lt(k)),
-                            Bound::Excluded(k) => l.keys.partition_point(|x| x.le(k)),
+                            Bound::Included(k) => l.ents.partition_point(|x| x.key.lt(k)),
+                            Bound::Excluded(k) => l.ents.partition_point(|x| x.key.le(k)),
                         };
-                        for i in start..l.keys.len() {
+                        for e in &l.ents[start..] {
                             if out.len() >= limit {
                                 return out;
                             }
-                            if !below_hi(&l.keys[i]) {
+                            if !below_hi(&e.key) {
                                 return out;
                             }
-                            out.push((l.keys[i].to_vec(), l.recs[i].clone()));
+                            out.push((e.key.to_vec(), e.rec.clone()));
                         }
                         match &l.high {
                             None => return out,
@@ -578,7 +606,7 @@ impl BTree {
                             Bound::Unbounded => 0,
                             Bound::Included(k) | Bound::Excluded(k) => n.child_index(k),
                         };
-                        self.pin(&n.children[i])
+                        self.pin(n.child(i))
                     }
                 };
                 g = child.read();
@@ -596,8 +624,8 @@ impl BTree {
     pub fn len(&self) -> usize {
         fn walk(n: &NodeRef) -> usize {
             match &*n.read() {
-                Node::Leaf(l) => l.keys.len(),
-                Node::Inner(i) => i.children.iter().map(walk).sum(),
+                Node::Leaf(l) => l.ents.len(),
+                Node::Inner(i) => i.children().map(walk).sum(),
             }
         }
         walk(&self.root)
@@ -651,25 +679,28 @@ impl BTree {
             ));
         }
         let within = |k: &[u8]| low.is_none_or(|l| k >= l) && high.is_none_or(|h| k < h);
-        let keys = match &*g {
-            Node::Leaf(l) => &l.keys,
-            Node::Inner(i) => &i.seps,
+        let keys: Vec<&Key> = match &*g {
+            Node::Leaf(l) => l.ents.iter().map(|e| &e.key).collect(),
+            Node::Inner(i) => i.seps.iter().map(|s| &s.key).collect(),
         };
-        if let Some(k) = keys.iter().chain(nl).chain(nh).find(|k| !k.well_formed()) {
+        if let Some(k) = keys
+            .iter()
+            .copied()
+            .chain(nl)
+            .chain(nh)
+            .find(|k| !k.well_formed())
+        {
             return Err(format!("key {k:?} is not stored in its canonical form"));
         }
         match &*g {
             Node::Leaf(l) => {
-                if l.keys.len() != l.recs.len() {
-                    return Err("keys and records differ in number".into());
-                }
-                if l.keys.len() > self.leaf_cap {
+                if l.ents.len() > self.leaf_cap {
                     return Err("overfull leaf".into());
                 }
-                if l.keys.windows(2).any(|w| w[0][..] >= w[1][..]) {
+                if keys.windows(2).any(|w| w[0][..] >= w[1][..]) {
                     return Err("leaf keys out of order".into());
                 }
-                if let Some(k) = l.keys.iter().find(|k| !within(k)) {
+                if let Some(k) = keys.iter().find(|k| !within(k)) {
                     return Err(format!("key {k:?} outside its leaf's fences"));
                 }
                 match leaf_depth {
@@ -680,28 +711,25 @@ impl BTree {
                 Ok(())
             }
             Node::Inner(i) => {
-                if i.children.len() != i.seps.len() + 1 {
-                    return Err("inner node: children != separators + 1".into());
-                }
-                if i.seps.windows(2).any(|w| w[0][..] >= w[1][..]) {
+                if keys.windows(2).any(|w| w[0][..] >= w[1][..]) {
                     return Err("separators out of order".into());
                 }
-                if let Some(k) = i.seps.iter().find(|k| !within(k)) {
+                if let Some(k) = keys.iter().find(|k| !within(k)) {
                     return Err(format!("separator {k:?} outside its node's fences"));
                 }
-                for (c, child) in i.children.iter().enumerate() {
+                for (c, child) in i.children().enumerate() {
                     if matches!(&*child.read(), Node::Leaf(_)) != i.leaf_children {
                         return Err("inner node: leaf_children does not match its children".into());
                     }
                     let cl = if c == 0 {
                         low
                     } else {
-                        Some(&i.seps[c - 1][..])
+                        Some(&i.seps[c - 1].key[..])
                     };
                     let ch = if c == i.seps.len() {
                         high
                     } else {
-                        Some(&i.seps[c][..])
+                        Some(&i.seps[c].key[..])
                     };
                     self.check_node(child, cl, ch, depth + 1, leaf_depth)?;
                 }

@@ -426,6 +426,19 @@ impl BTree {
     /// assert!(t.is_empty());
     /// ```
     pub fn update<R>(&self, key: &[u8], f: impl FnOnce(&mut Option<Record>) -> R) -> R {
+        self.update_with_prior(key, |slot, _| f(slot))
+    }
+
+    /// Like [`update`](Self::update), and also tells `f` the greatest key below `key` (ghosts
+    /// included) when the latched leaf shows it: `Some(Some(k))`, or `Some(None)` when no key
+    /// is below `key`; `None` when it is in another leaf (ask [`predecessor`](Self::predecessor)).
+    /// Saves an inserter a descent, and lets it check the prior key under the same latch as
+    /// the insert.
+    pub(crate) fn update_with_prior<R>(
+        &self,
+        key: &[u8],
+        f: impl FnOnce(&mut Option<Record>, Option<Option<&[u8]>>) -> R,
+    ) -> R {
         let key = &Probe::new(key);
         match self.update_optimistic(key, f) {
             Ok(r) => r,
@@ -437,14 +450,28 @@ impl BTree {
         &self,
         l: &mut Leaf,
         key: &Probe<'_>,
-        f: impl FnOnce(&mut Option<Record>) -> R,
+        f: impl FnOnce(&mut Option<Record>, Option<Option<&[u8]>>) -> R,
     ) -> R {
-        match l.search(key) {
-            Ok(i) => {
-                let mut slot = Some(std::mem::take(&mut l.ents[i].rec));
-                let r = f(&mut slot);
+        let found = l.search(key);
+        let i = match found {
+            Ok(i) | Err(i) => i,
+        };
+        // Slot `i` is `key`'s (found or to be inserted): the key below it is at `i - 1`, or
+        // below the low fence (another leaf) unless this leaf starts at -infinity.
+        let starts_at_neg_inf = l.low.is_none();
+        let (below, rest) = l.ents.split_at_mut(i);
+        let prior = match below.last() {
+            Some(e) => Some(Some(&e.key[..])),
+            None if starts_at_neg_inf => Some(None),
+            None => None,
+        };
+        match found {
+            Ok(_) => {
+                let e = &mut rest[0];
+                let mut slot = Some(std::mem::take(&mut e.rec));
+                let r = f(&mut slot, prior);
                 match slot {
-                    Some(rec) => l.ents[i].rec = rec,
+                    Some(rec) => e.rec = rec,
                     None => {
                         l.remove(i);
                     }
@@ -453,7 +480,7 @@ impl BTree {
             }
             Err(i) => {
                 let mut slot = None;
-                let r = f(&mut slot);
+                let r = f(&mut slot, prior);
                 if let Some(rec) = slot {
                     l.insert(
                         i,
@@ -472,7 +499,7 @@ impl BTree {
     /// the leaf is full and `key` absent (an insert could need a split).
     fn update_optimistic<R, F>(&self, key: &Probe<'_>, f: F) -> Result<R, F>
     where
-        F: FnOnce(&mut Option<Record>) -> R,
+        F: FnOnce(&mut Option<Record>, Option<Option<&[u8]>>) -> R,
     {
         // The root may itself be the leaf.
         {
@@ -517,7 +544,7 @@ impl BTree {
     fn update_pessimistic<R>(
         &self,
         key: &Probe<'_>,
-        f: impl FnOnce(&mut Option<Record>) -> R,
+        f: impl FnOnce(&mut Option<Record>, Option<Option<&[u8]>>) -> R,
     ) -> R {
         let mut g = self.root.write();
         if self.is_full(&g) {

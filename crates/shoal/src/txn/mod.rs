@@ -746,7 +746,7 @@ impl<'db> Transaction<'db> {
                 });
                 Ok(v)
             }
-            Step::Failed(e) => return Err(e),
+            Step::Failed(e) => Err(e),
             Step::Absent(prior) => {
                 let v = f(None)?;
                 self.insert_new(slot, key, v.as_ref(), prior)?;

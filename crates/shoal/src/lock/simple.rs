@@ -15,7 +15,8 @@
 //!   *conversion* (the transaction already holds the lock; the target is the supremum of held
 //!   and asked) is granted iff compatible with every other request's granted mode. A waiting
 //!   conversion keeps its place, so later new requests treat its requested mode as blocking.
-//! * **Waiting.** A blocked caller stores its thread handle in its request and parks with
+//! * **Waiting.** A blocked caller stores its thread handle in its request, checks for a
+//!   deadlock, spins for up to [`SPIN_BEFORE_PARK`] re-checking its grant, and then parks with
 //!   `std::thread::park_timeout`, rechecking its `waiting` flag under the shard mutex after
 //!   every wake-up (spurious wake-ups are harmless; the park token rules out lost ones). Every
 //!   queue change that may grant (release, withdrawal) runs a grant pass and unparks the
@@ -64,6 +65,13 @@ pub const SHARD_COUNT: usize = 1 << SHARD_BITS;
 /// How often a blocked request re-runs the deadlock search under
 /// [`DeadlockPolicy::WaitForGraph`].
 pub const DEADLOCK_RECHECK: Duration = Duration::from_millis(10);
+
+/// How long a blocked request of the waits-for-graph and timeout policies keeps running,
+/// re-checking its grant, before it parks (it parks at once after that, until granted).
+pub const SPIN_BEFORE_PARK: Duration = Duration::from_micros(20);
+
+/// Spin-loop hints between two checks of the grant while spinning.
+const SPIN_STEP: u32 = 64;
 
 /// Requests a queue holds without a heap allocation.
 pub const INLINE_REQUESTS: usize = 2;
@@ -588,7 +596,30 @@ impl SimpleLockTable {
                     return Err(LockFailure::Deadlock { blocker: Some(b) });
                 }
             }
-            first = false;
+            if first {
+                first = false;
+                // Most locks are held for microseconds: wait a little while running before
+                // parking. A grant that comes meanwhile costs neither side a system call
+                // (the releaser's unpark finds the thread running). Then re-check from the
+                // top (timeout, deadlock), and park.
+                let until = Instant::now() + SPIN_BEFORE_PARK.min(timeout - waited);
+                loop {
+                    MutexGuard::unlocked(&mut shard, || {
+                        for _ in 0..SPIN_STEP {
+                            std::hint::spin_loop();
+                        }
+                    });
+                    let still_waiting = shard
+                        .map
+                        .get(id)
+                        .and_then(|q| q.position(txn).map(|p| q.reqs[p].waiting))
+                        .unwrap_or(false);
+                    if !still_waiting || Instant::now() >= until {
+                        break;
+                    }
+                }
+                continue;
+            }
             let mut nap = timeout - waited;
             if self.uses_graph() {
                 nap = nap.min(DEADLOCK_RECHECK);

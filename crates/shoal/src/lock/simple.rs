@@ -4,8 +4,10 @@
 //! * **Sharding.** [`SHARD_COUNT`] shards, each a cache-padded `parking_lot::Mutex` around an
 //!   `FxHashMap<LockId, Queue>`; the shard is picked by a (re-mixed) Fx hash of the lock id.
 //!   An uncontended acquire or release is one shard mutex plus one hash lookup; creating a queue
-//!   clones the `LockId` (and reuses a recycled request vector when one is spare). A queue is
-//!   removed as soon as it holds no request, so memory stays bounded by the live requests.
+//!   clones the `LockId`. The first [`INLINE_REQUESTS`] requests of a queue live in the hash
+//!   table's entry itself, so an uncontended lock allocates nothing more and reads no other
+//!   memory. A queue is removed as soon as it holds no request, so memory stays bounded by the
+//!   live requests.
 //! * **Queues and grants.** Requests are kept in arrival order, each with a granted mode (`N`
 //!   while a new request waits) and a requested mode. Grants follow Kimura et al. 2012 §4.2:
 //!   a *new* request is granted iff its mode is compatible with every other request's granted
@@ -13,7 +15,8 @@
 //!   *conversion* (the transaction already holds the lock; the target is the supremum of held
 //!   and asked) is granted iff compatible with every other request's granted mode. A waiting
 //!   conversion keeps its place, so later new requests treat its requested mode as blocking.
-//! * **Waiting.** A blocked caller stores its thread handle in its request and parks with
+//! * **Waiting.** A blocked caller stores its thread handle in its request, checks for a
+//!   deadlock, spins for up to [`SPIN_BEFORE_PARK`] re-checking its grant, and then parks with
 //!   `std::thread::park_timeout`, rechecking its `waiting` flag under the shard mutex after
 //!   every wake-up (spurious wake-ups are harmless; the park token rules out lost ones). Every
 //!   queue change that may grant (release, withdrawal) runs a grant pass and unparks the
@@ -49,6 +52,7 @@ use std::time::{Duration, Instant};
 use crossbeam_utils::CachePadded;
 use parking_lot::{Mutex, MutexGuard};
 use rustc_hash::{FxBuildHasher, FxHashMap, FxHashSet};
+use smallvec::SmallVec;
 
 use super::dread::{pipeline_len, txn_fingerprint, Digest, DreadState};
 use super::{DeadlockPolicy, LockFailure, LockId, LockMode, LockTable, TxnId, Victim, WaitStyle};
@@ -62,10 +66,15 @@ pub const SHARD_COUNT: usize = 1 << SHARD_BITS;
 /// [`DeadlockPolicy::WaitForGraph`].
 pub const DEADLOCK_RECHECK: Duration = Duration::from_millis(10);
 
-/// Request vectors of removed queues kept per shard for reuse.
-const SPARE_VECS: usize = 4;
-/// Largest capacity of a recycled request vector.
-const SPARE_MAX_CAP: usize = 16;
+/// How long a blocked request of the waits-for-graph and timeout policies keeps running,
+/// re-checking its grant, before it parks (it parks at once after that, until granted).
+pub const SPIN_BEFORE_PARK: Duration = Duration::from_micros(20);
+
+/// Spin-loop hints between two checks of the grant while spinning.
+const SPIN_STEP: u32 = 64;
+
+/// Requests a queue holds without a heap allocation.
+pub const INLINE_REQUESTS: usize = 2;
 
 /// One transaction's request on one lock.
 struct Request {
@@ -102,7 +111,7 @@ impl Request {
 
 /// The requests on one lock, in arrival order.
 struct Queue {
-    reqs: Vec<Request>,
+    reqs: SmallVec<[Request; INLINE_REQUESTS]>,
     /// Number of requests with `waiting` set.
     waiting: u32,
     /// Highest commit LSN of an early-released exclusive lock (safe SX-ELR, Kimura §5.3).
@@ -256,8 +265,6 @@ fn find_cycle(graph: &Graph, txn: TxnId) -> Option<TxnId> {
 #[derive(Default)]
 struct Shard {
     map: FxHashMap<LockId, Queue>,
-    /// Emptied request vectors for reuse by new queues.
-    spare: Vec<Vec<Request>>,
     /// Highest tag of a queue removed from this shard: a tag must outlive its queue, so
     /// every lock of the shard reports at least this much afterwards (conservative).
     retired_tag: u64,
@@ -267,11 +274,6 @@ impl Shard {
     fn remove_queue(&mut self, id: &LockId) {
         if let Some(q) = self.map.remove(id) {
             self.retired_tag = self.retired_tag.max(q.tag);
-            let mut v = q.reqs;
-            if self.spare.len() < SPARE_VECS && v.capacity() <= SPARE_MAX_CAP {
-                v.clear();
-                self.spare.push(v);
-            }
         }
     }
 }
@@ -470,7 +472,7 @@ impl SimpleLockTable {
             if mode == LockMode::N {
                 return Ok(LockMode::N);
             }
-            let mut reqs = sh.spare.pop().unwrap_or_default();
+            let mut reqs = SmallVec::new();
             reqs.push(Request::granted(txn, mode));
             sh.map.insert(
                 id.clone(),
@@ -594,7 +596,30 @@ impl SimpleLockTable {
                     return Err(LockFailure::Deadlock { blocker: Some(b) });
                 }
             }
-            first = false;
+            if first {
+                first = false;
+                // Most locks are held for microseconds: wait a little while running before
+                // parking. A grant that comes meanwhile costs neither side a system call
+                // (the releaser's unpark finds the thread running). Then re-check from the
+                // top (timeout, deadlock), and park.
+                let until = Instant::now() + SPIN_BEFORE_PARK.min(timeout - waited);
+                loop {
+                    MutexGuard::unlocked(&mut shard, || {
+                        for _ in 0..SPIN_STEP {
+                            std::hint::spin_loop();
+                        }
+                    });
+                    let still_waiting = shard
+                        .map
+                        .get(id)
+                        .and_then(|q| q.position(txn).map(|p| q.reqs[p].waiting))
+                        .unwrap_or(false);
+                    if !still_waiting || Instant::now() >= until {
+                        break;
+                    }
+                }
+                continue;
+            }
             let mut nap = timeout - waited;
             if self.uses_graph() {
                 nap = nap.min(DEADLOCK_RECHECK);

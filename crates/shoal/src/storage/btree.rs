@@ -50,22 +50,206 @@ pub struct Record {
     pub tid: u64,
 }
 
-type Key = Box<[u8]>;
 type NodeRef = Arc<RwLock<Node>>;
+
+/// Bytes of a key kept inline in the node (the rest of a longer key is on the heap).
+const INLINE: usize = 16;
+
+/// A key as the tree stores it (in leaves, separators and fences).
+///
+/// The first [`INLINE`] bytes sit in the node itself, zero padded, and compare as one
+/// big-endian integer: a binary search over a node reads no other memory and calls no
+/// `memcmp` unless two keys share those bytes and are both longer. Keys of at most
+/// [`INLINE`] bytes need no heap buffer at all; a longer key keeps its whole value in `long`.
+#[derive(Clone)]
+struct Key {
+    head: [u8; INLINE],
+    len: u32,
+    /// The whole key when it is longer than [`INLINE`] bytes.
+    long: Option<Box<[u8]>>,
+}
+
+impl Key {
+    fn new(k: &[u8]) -> Key {
+        let mut head = [0u8; INLINE];
+        let n = k.len().min(INLINE);
+        head[..n].copy_from_slice(&k[..n]);
+        Key {
+            head,
+            // Keys are bounded by `Options::max_key_len`, far below 4 GiB; saturate anyway
+            // (a longer key keeps its exact length in `long`).
+            len: u32::try_from(k.len()).unwrap_or(u32::MAX),
+            long: (k.len() > INLINE).then(|| k.into()),
+        }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        match &self.long {
+            Some(b) => b,
+            None => &self.head[..self.len as usize],
+        }
+    }
+
+    /// Orders this key against `p` as the byte strings compare.
+    #[inline]
+    fn cmp_probe(&self, p: &Probe<'_>) -> Ordering {
+        match u128::from_be_bytes(self.head).cmp(&p.head) {
+            Ordering::Equal => {}
+            o => return o,
+        }
+        // Equal heads: if either key fits inline, it is a prefix of the other, so the
+        // lengths decide. Otherwise compare the rest.
+        if self.len as usize <= INLINE || p.bytes.len() <= INLINE {
+            return (self.len as usize).cmp(&p.bytes.len());
+        }
+        self.bytes()[INLINE..].cmp(&p.bytes[INLINE..])
+    }
+
+    /// The representation invariant: `head` holds the first bytes zero padded, `long` the
+    /// whole key exactly when it does not fit inline.
+    fn well_formed(&self) -> bool {
+        let b = self.bytes();
+        let n = b.len().min(INLINE);
+        b.len() == self.len as usize
+            && (b.len() > INLINE) == self.long.is_some()
+            && self.head[..n] == b[..n]
+            && self.head[n..].iter().all(|&x| x == 0)
+    }
+
+    /// The first 8 bytes, zero padded, as a big-endian integer (see [`Heads`]).
+    #[inline]
+    fn head64(&self) -> u64 {
+        let mut h = [0u8; 8];
+        h.copy_from_slice(&self.head[..8]);
+        u64::from_be_bytes(h)
+    }
+
+    fn lt(&self, p: &Probe<'_>) -> bool {
+        self.cmp_probe(p) == Ordering::Less
+    }
+
+    fn le(&self, p: &Probe<'_>) -> bool {
+        self.cmp_probe(p) != Ordering::Greater
+    }
+}
+
+impl std::ops::Deref for Key {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        self.bytes()
+    }
+}
+
+impl std::fmt::Debug for Key {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.bytes().fmt(f)
+    }
+}
+
+/// A search key prepared for [`Key::cmp_probe`]: its first [`INLINE`] bytes as a big-endian
+/// integer.
+struct Probe<'a> {
+    head: u128,
+    bytes: &'a [u8],
+}
+
+impl<'a> Probe<'a> {
+    /// The first 8 bytes, zero padded, as a big-endian integer.
+    #[inline]
+    fn head64(&self) -> u64 {
+        (self.head >> 64) as u64
+    }
+
+    #[inline]
+    fn new(bytes: &'a [u8]) -> Self {
+        let mut head = [0u8; INLINE];
+        let n = bytes.len().min(INLINE);
+        head[..n].copy_from_slice(&bytes[..n]);
+        Probe {
+            head: u128::from_be_bytes(head),
+            bytes,
+        }
+    }
+}
+
+/// A leaf entry. Key and record sit side by side, so the record a search lands on is
+/// usually in a cache line the search already loaded.
+struct Entry {
+    key: Key,
+    rec: Record,
+}
 
 struct Leaf {
     low: Option<Key>,
     high: Option<Key>,
-    keys: Vec<Key>,
-    recs: Vec<Record>,
+    /// `heads[i]` is `ents[i].key.head64()`.
+    heads: Heads,
+    ents: Vec<Entry>,
+}
+
+/// The first 8 bytes of every key of a node (as [`Key::head64`]), in a dense array beside
+/// the entries: a binary search runs over these, 8 to a cache line, instead of over the
+/// entries of 48 or 80 bytes, and reads an entry only to decide between keys that share
+/// their first 8 bytes or to fetch what it found. That halves the cache misses of a search
+/// in a node that is not cached.
+#[derive(Default)]
+struct Heads(Vec<u64>);
+
+impl Heads {
+    fn of<'a>(keys: impl Iterator<Item = &'a Key>) -> Heads {
+        Heads(keys.map(Key::head64).collect())
+    }
+
+    /// The number of leading items that are below the probe whose head is `h`: `below` must
+    /// hold for every item with a smaller head and fail for every item with a larger one,
+    /// and is called only on items whose head is `h`.
+    #[inline]
+    fn partition<T>(&self, items: &[T], h: u64, below: impl Fn(&T) -> bool) -> usize {
+        let heads = &self.0[..];
+        debug_assert_eq!(heads.len(), items.len());
+        let lo = heads.partition_point(|&x| x < h);
+        let n = heads.len();
+        if lo == n || heads[lo] != h {
+            return lo;
+        }
+        // The items with head `h` run from `lo` to `end`: gallop from `lo` (usually one
+        // step: distinct heads), then bisect the last step.
+        let mut known = lo; // heads[known] == h
+        let mut step = 1;
+        let end = loop {
+            let at = lo + step;
+            if at >= n || heads[at] != h {
+                let upper = at.min(n);
+                break known + 1 + heads[known + 1..upper].partition_point(|&x| x == h);
+            }
+            known = at;
+            step *= 2;
+        };
+        lo + items[lo..end].partition_point(below)
+    }
+}
+
+/// A separator with the child to its right (keys at or above it), side by side for the same
+/// reason as [`Entry`].
+struct Sep {
+    key: Key,
+    right: NodeRef,
 }
 
 struct Inner {
     low: Option<Key>,
     high: Option<Key>,
-    /// `seps[i]` separates `children[i]` (keys below) from `children[i + 1]`.
-    seps: Vec<Key>,
-    children: Vec<NodeRef>,
+    /// The child below the first separator.
+    first: NodeRef,
+    /// `heads[i]` is `seps[i].key.head64()`.
+    heads: Heads,
+    /// `seps[i].key` separates child `i` (keys below) from child `i + 1`, `seps[i].right`;
+    /// child 0 is `first`.
+    seps: Vec<Sep>,
+    /// The children are leaves (all leaves are at one depth, and a leaf never becomes an
+    /// inner node: only the root changes kind, and the root is nobody's child).
+    leaf_children: bool,
 }
 
 enum Node {
@@ -74,8 +258,64 @@ enum Node {
 }
 
 impl Inner {
-    fn child_index(&self, key: &[u8]) -> usize {
-        self.seps.partition_point(|s| &s[..] <= key)
+    fn child_index(&self, key: &Probe<'_>) -> usize {
+        self.heads
+            .partition(&self.seps, key.head64(), |s| s.key.le(key))
+    }
+
+    /// The index of the child whose keys end just below `key` (a separator equal to `key`
+    /// sends us left).
+    fn child_index_below(&self, key: &Probe<'_>) -> usize {
+        self.heads
+            .partition(&self.seps, key.head64(), |s| s.key.lt(key))
+    }
+
+    fn insert_sep(&mut self, i: usize, sep: Sep) {
+        self.heads.0.insert(i, sep.key.head64());
+        self.seps.insert(i, sep);
+    }
+
+    fn child(&self, i: usize) -> &NodeRef {
+        match i {
+            0 => &self.first,
+            i => &self.seps[i - 1].right,
+        }
+    }
+
+    fn children(&self) -> impl Iterator<Item = &NodeRef> {
+        std::iter::once(&self.first).chain(self.seps.iter().map(|s| &s.right))
+    }
+}
+
+impl Leaf {
+    fn search(&self, key: &Probe<'_>) -> Result<usize, usize> {
+        let i = self.lower_bound(key);
+        match self.ents.get(i) {
+            Some(e) if self.heads.0[i] == key.head64() && e.key.cmp_probe(key).is_eq() => Ok(i),
+            _ => Err(i),
+        }
+    }
+
+    /// The number of keys below `key`.
+    fn lower_bound(&self, key: &Probe<'_>) -> usize {
+        self.heads
+            .partition(&self.ents, key.head64(), |e| e.key.lt(key))
+    }
+
+    /// The number of keys at or below `key`.
+    fn upper_bound(&self, key: &Probe<'_>) -> usize {
+        self.heads
+            .partition(&self.ents, key.head64(), |e| e.key.le(key))
+    }
+
+    fn insert(&mut self, i: usize, e: Entry) {
+        self.heads.0.insert(i, e.key.head64());
+        self.ents.insert(i, e);
+    }
+
+    fn remove(&mut self, i: usize) {
+        self.heads.0.remove(i);
+        self.ents.remove(i);
     }
 }
 
@@ -109,8 +349,8 @@ fn new_leaf(low: Option<Key>, high: Option<Key>) -> Node {
     Node::Leaf(Leaf {
         low,
         high,
-        keys: Vec::new(),
-        recs: Vec::new(),
+        heads: Heads::default(),
+        ents: Vec::new(),
     })
 }
 
@@ -136,6 +376,20 @@ impl BTree {
         }
     }
 
+    /// A node of this tree, borrowed for as long as the tree: a descent can then latch a child
+    /// and release the parent without cloning the child's `Arc` (reference counting on the
+    /// upper levels is shared-cache-line traffic between all threads).
+    #[inline]
+    fn pin<'t>(&'t self, node: &NodeRef) -> &'t RwLock<Node> {
+        // SAFETY: `node` was read from a node of this tree under its latch. No node of a tree
+        // is ever dropped before the tree: nodes are never merged or removed, a split moves
+        // the `Arc`s it splits off into the new sibling (`split_off`), and a root split moves
+        // the root's old contents into a new child; `Arc`s leave `seps` vectors only by
+        // moving. So the tree holds a strong reference to `node`'s allocation until the tree
+        // itself is dropped, which cannot happen while `&'t self` is borrowed.
+        unsafe { &*Arc::as_ptr(node) }
+    }
+
     /// Calls `f` with the record at `key` (ghosts included) under the leaf's read latch.
     ///
     /// ```
@@ -143,18 +397,19 @@ impl BTree {
     /// assert!(t.get(b"k", |r| r.is_none()));
     /// ```
     pub fn get<R>(&self, key: &[u8], f: impl FnOnce(Option<&Record>) -> R) -> R {
-        let mut g = self.root.read_arc();
+        let key = &Probe::new(key);
+        let mut g = self.root.read();
         loop {
             let child = match &*g {
                 Node::Leaf(l) => {
-                    return match l.keys.binary_search_by(|k| k[..].cmp(key)) {
-                        Ok(i) => f(Some(&l.recs[i])),
+                    return match l.search(key) {
+                        Ok(i) => f(Some(&l.ents[i].rec)),
                         Err(_) => f(None),
                     }
                 }
-                Node::Inner(n) => Arc::clone(&n.children[n.child_index(key)]),
+                Node::Inner(n) => self.pin(n.child(n.child_index(key))),
             };
-            g = child.read_arc();
+            g = child.read();
         }
     }
 
@@ -171,32 +426,69 @@ impl BTree {
     /// assert!(t.is_empty());
     /// ```
     pub fn update<R>(&self, key: &[u8], f: impl FnOnce(&mut Option<Record>) -> R) -> R {
+        self.update_with_prior(key, |slot, _| f(slot))
+    }
+
+    /// Like [`update`](Self::update), and also tells `f` the greatest key below `key` (ghosts
+    /// included) when the latched leaf shows it: `Some(Some(k))`, or `Some(None)` when no key
+    /// is below `key`; `None` when it is in another leaf (ask [`predecessor`](Self::predecessor)).
+    /// Saves an inserter a descent, and lets it check the prior key under the same latch as
+    /// the insert.
+    pub(crate) fn update_with_prior<R>(
+        &self,
+        key: &[u8],
+        f: impl FnOnce(&mut Option<Record>, Option<Option<&[u8]>>) -> R,
+    ) -> R {
+        let key = &Probe::new(key);
         match self.update_optimistic(key, f) {
             Ok(r) => r,
             Err(f) => self.update_pessimistic(key, f),
         }
     }
 
-    fn apply<R>(&self, l: &mut Leaf, key: &[u8], f: impl FnOnce(&mut Option<Record>) -> R) -> R {
-        match l.keys.binary_search_by(|k| k[..].cmp(key)) {
-            Ok(i) => {
-                let mut slot = Some(std::mem::take(&mut l.recs[i]));
-                let r = f(&mut slot);
+    fn apply<R>(
+        &self,
+        l: &mut Leaf,
+        key: &Probe<'_>,
+        f: impl FnOnce(&mut Option<Record>, Option<Option<&[u8]>>) -> R,
+    ) -> R {
+        let found = l.search(key);
+        let i = match found {
+            Ok(i) | Err(i) => i,
+        };
+        // Slot `i` is `key`'s (found or to be inserted): the key below it is at `i - 1`, or
+        // below the low fence (another leaf) unless this leaf starts at -infinity.
+        let starts_at_neg_inf = l.low.is_none();
+        let (below, rest) = l.ents.split_at_mut(i);
+        let prior = match below.last() {
+            Some(e) => Some(Some(&e.key[..])),
+            None if starts_at_neg_inf => Some(None),
+            None => None,
+        };
+        match found {
+            Ok(_) => {
+                let e = &mut rest[0];
+                let mut slot = Some(std::mem::take(&mut e.rec));
+                let r = f(&mut slot, prior);
                 match slot {
-                    Some(rec) => l.recs[i] = rec,
+                    Some(rec) => e.rec = rec,
                     None => {
-                        l.keys.remove(i);
-                        l.recs.remove(i);
+                        l.remove(i);
                     }
                 }
                 r
             }
             Err(i) => {
                 let mut slot = None;
-                let r = f(&mut slot);
+                let r = f(&mut slot, prior);
                 if let Some(rec) = slot {
-                    l.keys.insert(i, key.into());
-                    l.recs.insert(i, rec);
+                    l.insert(
+                        i,
+                        Entry {
+                            key: Key::new(key.bytes),
+                            rec,
+                        },
+                    );
                 }
                 r
             }
@@ -205,20 +497,18 @@ impl BTree {
 
     /// Read latches down to the leaf's parent, a write latch on the leaf. Gives `f` back when
     /// the leaf is full and `key` absent (an insert could need a split).
-    fn update_optimistic<R, F>(&self, key: &[u8], f: F) -> Result<R, F>
+    fn update_optimistic<R, F>(&self, key: &Probe<'_>, f: F) -> Result<R, F>
     where
-        F: FnOnce(&mut Option<Record>) -> R,
+        F: FnOnce(&mut Option<Record>, Option<Option<&[u8]>>) -> R,
     {
         // The root may itself be the leaf.
         {
-            let g = self.root.read_arc();
+            let g = self.root.read();
             if matches!(&*g, Node::Leaf(_)) {
                 drop(g);
                 let mut w = self.root.write();
                 if let Node::Leaf(l) = &mut *w {
-                    if l.keys.len() >= self.leaf_cap
-                        && l.keys.binary_search_by(|k| k[..].cmp(key)).is_err()
-                    {
+                    if l.ents.len() >= self.leaf_cap && l.search(key).is_err() {
                         return Err(f);
                     }
                     return Ok(self.apply(l, key, f));
@@ -226,40 +516,37 @@ impl BTree {
                 // It split between the two latches: descend normally.
             }
         }
-        let mut g = self.root.read_arc();
+        let mut g = self.root.read();
         loop {
             let (child, child_is_leaf) = match &*g {
                 Node::Leaf(_) => unreachable_leaf(),
-                Node::Inner(n) => {
-                    let c = Arc::clone(&n.children[n.child_index(key)]);
-                    let is_leaf = matches!(&*c.read(), Node::Leaf(_));
-                    (c, is_leaf)
-                }
+                Node::Inner(n) => (self.pin(n.child(n.child_index(key))), n.leaf_children),
             };
             if child_is_leaf {
-                // Leaves never turn into inner nodes (only the root changes kind), so the
-                // child is still a leaf; the parent's read latch keeps it from splitting
-                // until we hold its write latch.
-                let mut w = child.write_arc();
+                // The parent's read latch keeps the leaf from splitting until we hold its
+                // write latch.
+                let mut w = child.write();
                 drop(g);
                 let Node::Leaf(l) = &mut *w else {
                     unreachable_leaf()
                 };
-                if l.keys.len() >= self.leaf_cap
-                    && l.keys.binary_search_by(|k| k[..].cmp(key)).is_err()
-                {
+                if l.ents.len() >= self.leaf_cap && l.search(key).is_err() {
                     return Err(f);
                 }
                 return Ok(self.apply(l, key, f));
             }
-            g = child.read_arc();
+            g = child.read();
         }
     }
 
     /// Write-latch coupling with preemptive splits: every node entered has room for one more
     /// entry, so at most a parent and a child are latched at a time.
-    fn update_pessimistic<R>(&self, key: &[u8], f: impl FnOnce(&mut Option<Record>) -> R) -> R {
-        let mut g = self.root.write_arc();
+    fn update_pessimistic<R>(
+        &self,
+        key: &Probe<'_>,
+        f: impl FnOnce(&mut Option<Record>, Option<Option<&[u8]>>) -> R,
+    ) -> R {
+        let mut g = self.root.write();
         if self.is_full(&g) {
             self.split_root(&mut g);
         }
@@ -268,18 +555,15 @@ impl BTree {
                 Node::Leaf(l) => return self.apply(l, key, f),
                 Node::Inner(n) => {
                     let i = n.child_index(key);
-                    let child = Arc::clone(&n.children[i]);
-                    let mut cg = child.write_arc();
+                    let mut cg = self.pin(n.child(i)).write();
                     if self.is_full(&cg) {
                         let (sep, right) = self.split(&mut cg);
-                        n.seps.insert(i, sep);
-                        n.children.insert(i + 1, right);
+                        n.insert_sep(i, Sep { key: sep, right });
                         // Re-pick between the two halves.
                         let j = n.child_index(key);
                         if j != i {
                             drop(cg);
-                            let c = Arc::clone(&n.children[j]);
-                            c.write_arc()
+                            self.pin(n.child(j)).write()
                         } else {
                             cg
                         }
@@ -294,7 +578,7 @@ impl BTree {
 
     fn is_full(&self, n: &Node) -> bool {
         match n {
-            Node::Leaf(l) => l.keys.len() >= self.leaf_cap,
+            Node::Leaf(l) => l.ents.len() >= self.leaf_cap,
             Node::Inner(n) => n.seps.len() >= self.inner_cap,
         }
     }
@@ -304,15 +588,15 @@ impl BTree {
     fn split(&self, node: &mut Node) -> (Key, NodeRef) {
         match node {
             Node::Leaf(l) => {
-                let mid = l.keys.len() / 2;
-                let keys = l.keys.split_off(mid);
-                let recs = l.recs.split_off(mid);
-                let sep = keys[0].clone();
+                let mid = l.ents.len() / 2;
+                let ents = l.ents.split_off(mid);
+                let heads = Heads(l.heads.0.split_off(mid));
+                let sep = ents[0].key.clone();
                 let right = Leaf {
                     low: Some(sep.clone()),
                     high: l.high.take(),
-                    keys,
-                    recs,
+                    heads,
+                    ents,
                 };
                 l.high = Some(sep.clone());
                 (sep, Arc::new(RwLock::new(Node::Leaf(right))))
@@ -320,13 +604,19 @@ impl BTree {
             Node::Inner(n) => {
                 let mid = n.seps.len() / 2;
                 let mut seps = n.seps.split_off(mid);
-                let up = seps.remove(0);
-                let children = n.children.split_off(mid + 1);
+                n.heads.0.truncate(mid);
+                let Sep {
+                    key: up,
+                    right: first,
+                } = seps.remove(0);
+                let heads = Heads::of(seps.iter().map(|s| &s.key));
                 let right = Inner {
                     low: Some(up.clone()),
                     high: n.high.take(),
+                    first,
+                    heads,
                     seps,
-                    children,
+                    leaf_children: n.leaf_children,
                 };
                 n.high = Some(up.clone());
                 (up, Arc::new(RwLock::new(Node::Inner(right))))
@@ -341,8 +631,10 @@ impl BTree {
         *root = Node::Inner(Inner {
             low: None,
             high: None,
-            seps: vec![sep],
-            children: vec![Arc::new(RwLock::new(left)), right],
+            heads: Heads(vec![sep.head64()]),
+            seps: vec![Sep { key: sep, right }],
+            leaf_children: matches!(left, Node::Leaf(_)),
+            first: Arc::new(RwLock::new(left)),
         });
     }
 
@@ -356,32 +648,31 @@ impl BTree {
     /// assert_eq!(t.predecessor(b"m"), None);
     /// ```
     pub fn predecessor(&self, key: &[u8]) -> Option<Vec<u8>> {
-        let mut target: Vec<u8> = key.to_vec();
+        let mut target: Option<Key> = None;
         loop {
+            let t = Probe::new(target.as_ref().map_or(key, |k| k.bytes()));
             // Descend to the leaf that holds `target`'s position.
-            let mut g = self.root.read_arc();
+            let mut g = self.root.read();
             let next_target = loop {
                 let child = match &*g {
                     Node::Leaf(l) => {
-                        let p = l.keys.partition_point(|k| k[..] < target[..]);
+                        let p = l.lower_bound(&t);
                         if p > 0 {
-                            return Some(l.keys[p - 1].to_vec());
+                            return Some(l.ents[p - 1].key.to_vec());
                         }
                         // Nothing below `target` here: look below the low fence.
                         match &l.low {
                             None => return None,
-                            Some(low) => break low.to_vec(),
+                            Some(low) => break low.clone(),
                         }
                     }
                     // The child whose keys end just below `target` (a separator equal to
                     // `target` sends us left).
-                    Node::Inner(n) => {
-                        Arc::clone(&n.children[n.seps.partition_point(|s| s[..] < target[..])])
-                    }
+                    Node::Inner(n) => self.pin(n.child(n.child_index_below(&t))),
                 };
-                g = child.read_arc();
+                g = child.read();
             };
-            target = next_target;
+            target = Some(next_target);
         }
     }
 
@@ -406,46 +697,52 @@ impl BTree {
         limit: usize,
     ) -> Vec<(Vec<u8>, Record)> {
         let mut out = Vec::new();
-        let mut from: Bound<Vec<u8>> = lo.map(<[u8]>::to_vec);
-        let below_hi = |k: &[u8]| match hi {
+        let mut from: Bound<Key> = lo.map(Key::new);
+        let hi = hi.map(Probe::new);
+        let below_hi = |k: &Key| match &hi {
             Bound::Unbounded => true,
-            Bound::Included(h) => k <= h,
-            Bound::Excluded(h) => k < h,
+            Bound::Included(h) => k.le(h),
+            Bound::Excluded(h) => k.lt(h),
         };
         while out.len() < limit {
-            let mut g = self.root.read_arc();
+            let from_probe = match &from {
+                Bound::Unbounded => Bound::Unbounded,
+                Bound::Included(k) => Bound::Included(Probe::new(k.bytes())),
+                Bound::Excluded(k) => Bound::Excluded(Probe::new(k.bytes())),
+            };
+            let mut g = self.root.read();
             let next = loop {
                 let child = match &*g {
                     Node::Leaf(l) => {
-                        let start = match &from {
+                        let start = match &from_probe {
                             Bound::Unbounded => 0,
-                            Bound::Included(k) => l.keys.partition_point(|x| x[..] < k[..]),
-                            Bound::Excluded(k) => l.keys.partition_point(|x| x[..] <= k[..]),
+                            Bound::Included(k) => l.lower_bound(k),
+                            Bound::Excluded(k) => l.upper_bound(k),
                         };
-                        for i in start..l.keys.len() {
+                        for e in &l.ents[start..] {
                             if out.len() >= limit {
                                 return out;
                             }
-                            if !below_hi(&l.keys[i]) {
+                            if !below_hi(&e.key) {
                                 return out;
                             }
-                            out.push((l.keys[i].to_vec(), l.recs[i].clone()));
+                            out.push((e.key.to_vec(), e.rec.clone()));
                         }
                         match &l.high {
                             None => return out,
                             Some(h) if !below_hi(h) => return out,
-                            Some(h) => break h.to_vec(),
+                            Some(h) => break h.clone(),
                         }
                     }
                     Node::Inner(n) => {
-                        let i = match &from {
+                        let i = match &from_probe {
                             Bound::Unbounded => 0,
                             Bound::Included(k) | Bound::Excluded(k) => n.child_index(k),
                         };
-                        Arc::clone(&n.children[i])
+                        self.pin(n.child(i))
                     }
                 };
-                g = child.read_arc();
+                g = child.read();
             };
             from = Bound::Included(next);
         }
@@ -460,8 +757,8 @@ impl BTree {
     pub fn len(&self) -> usize {
         fn walk(n: &NodeRef) -> usize {
             match &*n.read() {
-                Node::Leaf(l) => l.keys.len(),
-                Node::Inner(i) => i.children.iter().map(walk).sum(),
+                Node::Leaf(l) => l.ents.len(),
+                Node::Inner(i) => i.children().map(walk).sum(),
             }
         }
         walk(&self.root)
@@ -515,18 +812,31 @@ impl BTree {
             ));
         }
         let within = |k: &[u8]| low.is_none_or(|l| k >= l) && high.is_none_or(|h| k < h);
+        let (keys, heads): (Vec<&Key>, _) = match &*g {
+            Node::Leaf(l) => (l.ents.iter().map(|e| &e.key).collect(), &l.heads),
+            Node::Inner(i) => (i.seps.iter().map(|s| &s.key).collect(), &i.heads),
+        };
+        if !heads.0.iter().copied().eq(keys.iter().map(|k| k.head64())) {
+            return Err("a node's key heads differ from its keys".into());
+        }
+        if let Some(k) = keys
+            .iter()
+            .copied()
+            .chain(nl)
+            .chain(nh)
+            .find(|k| !k.well_formed())
+        {
+            return Err(format!("key {k:?} is not stored in its canonical form"));
+        }
         match &*g {
             Node::Leaf(l) => {
-                if l.keys.len() != l.recs.len() {
-                    return Err("keys and records differ in number".into());
-                }
-                if l.keys.len() > self.leaf_cap {
+                if l.ents.len() > self.leaf_cap {
                     return Err("overfull leaf".into());
                 }
-                if l.keys.windows(2).any(|w| w[0] >= w[1]) {
+                if keys.windows(2).any(|w| w[0][..] >= w[1][..]) {
                     return Err("leaf keys out of order".into());
                 }
-                if let Some(k) = l.keys.iter().find(|k| !within(k)) {
+                if let Some(k) = keys.iter().find(|k| !within(k)) {
                     return Err(format!("key {k:?} outside its leaf's fences"));
                 }
                 match leaf_depth {
@@ -537,25 +847,25 @@ impl BTree {
                 Ok(())
             }
             Node::Inner(i) => {
-                if i.children.len() != i.seps.len() + 1 {
-                    return Err("inner node: children != separators + 1".into());
-                }
-                if i.seps.windows(2).any(|w| w[0] >= w[1]) {
+                if keys.windows(2).any(|w| w[0][..] >= w[1][..]) {
                     return Err("separators out of order".into());
                 }
-                if let Some(k) = i.seps.iter().find(|k| !within(k)) {
+                if let Some(k) = keys.iter().find(|k| !within(k)) {
                     return Err(format!("separator {k:?} outside its node's fences"));
                 }
-                for (c, child) in i.children.iter().enumerate() {
+                for (c, child) in i.children().enumerate() {
+                    if matches!(&*child.read(), Node::Leaf(_)) != i.leaf_children {
+                        return Err("inner node: leaf_children does not match its children".into());
+                    }
                     let cl = if c == 0 {
                         low
                     } else {
-                        Some(&i.seps[c - 1][..])
+                        Some(&i.seps[c - 1].key[..])
                     };
                     let ch = if c == i.seps.len() {
                         high
                     } else {
-                        Some(&i.seps[c][..])
+                        Some(&i.seps[c].key[..])
                     };
                     self.check_node(child, cl, ch, depth + 1, leaf_depth)?;
                 }
@@ -567,11 +877,6 @@ impl BTree {
 
 fn unreachable_leaf() -> ! {
     unreachable!("a node that was a leaf turned into an inner node; only the root does that")
-}
-
-#[allow(dead_code)]
-fn cmp(a: &[u8], b: &[u8]) -> Ordering {
-    a.cmp(b)
 }
 
 #[cfg(test)]
@@ -618,6 +923,88 @@ mod tests {
             Bound::Included(k) => Bound::Included(k),
             Bound::Excluded(k) => Bound::Excluded(k),
             Bound::Unbounded => Bound::Unbounded,
+        }
+    }
+
+    /// Keys around the inline limit with long shared prefixes and zero bytes (padding).
+    fn long_key() -> impl Strategy<Value = Vec<u8>> {
+        proptest::collection::vec(prop_oneof![Just(0u8), Just(1u8), Just(255u8)], 0..40)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+        #[test]
+        fn inline_keys_order_like_byte_strings(a in long_key(), b in long_key()) {
+            let k = Key::new(&a);
+            prop_assert!(k.well_formed());
+            prop_assert_eq!(&k[..], &a[..]);
+            prop_assert_eq!(k.cmp_probe(&Probe::new(&b)), a.cmp(&b));
+            prop_assert_eq!(k.cmp_probe(&Probe::new(&a)), Ordering::Equal);
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1000))]
+        #[test]
+        fn head_search_finds_the_partition_point(
+            mut keys in proptest::collection::vec(long_key(), 0..80),
+            probe in long_key(),
+        ) {
+            keys.sort();
+            keys.dedup();
+            let ks: Vec<Key> = keys.iter().map(|k| Key::new(k)).collect();
+            let heads = Heads::of(ks.iter());
+            let p = Probe::new(&probe);
+            let lt = heads.partition(&ks, p.head64(), |k| k.lt(&p));
+            let le = heads.partition(&ks, p.head64(), |k| k.le(&p));
+            prop_assert_eq!(lt, keys.partition_point(|k| k < &probe));
+            prop_assert_eq!(le, keys.partition_point(|k| k <= &probe));
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(100))]
+        #[test]
+        fn matches_a_btreemap_model_with_long_keys(
+            ops in proptest::collection::vec(
+                (long_key(), any::<u8>(), 0u8..4), 1..300),
+            cap in 3usize..6,
+        ) {
+            let t = BTree::with_capacity(cap, cap);
+            let mut m: BTreeMap<Vec<u8>, Record> = BTreeMap::new();
+            for (k, v, op) in ops {
+                if k.is_empty() {
+                    continue;
+                }
+                match op {
+                    0 => {
+                        t.update(&k, |s| *s = None);
+                        m.remove(&k);
+                    }
+                    1 => {
+                        let want = m.range(..k.clone()).next_back().map(|(k, _)| k.clone());
+                        prop_assert_eq!(t.predecessor(&k), want);
+                        prop_assert_eq!(t.get(&k, |r| r.cloned()), m.get(&k).cloned());
+                    }
+                    2 => {
+                        let got = t.range(Bound::Excluded(&k[..]), Bound::Unbounded, 7);
+                        let want: Vec<(Vec<u8>, Record)> = m
+                            .range((Bound::Excluded(k.clone()), Bound::Unbounded))
+                            .take(7)
+                            .map(|(k, v)| (k.clone(), v.clone()))
+                            .collect();
+                        prop_assert_eq!(got, want);
+                    }
+                    _ => {
+                        let rec = Record { value: vec![v], ghost: false, tid: 0 };
+                        t.update(&k, |s| *s = Some(rec.clone()));
+                        m.insert(k, rec);
+                    }
+                }
+            }
+            prop_assert_eq!(t.check_invariants(), Ok(()));
+            let all = t.range(Bound::Unbounded, Bound::Unbounded, usize::MAX);
+            prop_assert_eq!(all, m.into_iter().collect::<Vec<_>>());
         }
     }
 
@@ -738,6 +1125,58 @@ mod tests {
             }
         });
         assert_eq!(t.check_invariants(), Ok(()));
+    }
+
+    /// Descents (which keep no reference count on the nodes they pass) race with writers that
+    /// grow a tree of tiny nodes from empty, so the root and inner nodes split all the time:
+    /// every key a writer has published must stay reachable by get, predecessor and range.
+    #[test]
+    fn descents_race_with_root_and_inner_splits() {
+        use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
+        for _round in 0..20 {
+            let t = BTree::with_capacity(3, 3);
+            // Writer w inserts keys w, w + 2, w + 4, ... and publishes how many it inserted.
+            let done = [AtomicU32::new(0), AtomicU32::new(0)];
+            let n = 600u32;
+            std::thread::scope(|s| {
+                for w in 0..2u32 {
+                    let (t, done) = (&t, &done);
+                    s.spawn(move || {
+                        for i in 0..n {
+                            let k = (i * 2 + w).to_be_bytes();
+                            t.update(&k, |s| *s = Some(Record::default()));
+                            done[w as usize].store(i + 1, SeqCst);
+                        }
+                    });
+                }
+                for r in 0..2u32 {
+                    let (t, done) = (&t, &done);
+                    s.spawn(move || {
+                        let mut x = 0x2545_F491u32.wrapping_mul(r + 1) | 1;
+                        while done.iter().any(|d| d.load(SeqCst) < n) {
+                            x ^= x << 13;
+                            x ^= x >> 17;
+                            x ^= x << 5;
+                            let w = x & 1;
+                            let have = done[w as usize].load(SeqCst);
+                            if have == 0 {
+                                continue;
+                            }
+                            let i = (x >> 1) % have;
+                            let k = (i * 2 + w).to_be_bytes();
+                            assert!(t.get(&k, |r| r.is_some()), "published key {i}/{w} lost");
+                            let above = (i * 2 + w + 1).to_be_bytes();
+                            let p = t.predecessor(&above).expect("a key below");
+                            assert!(p[..] >= k[..], "predecessor skipped a published key");
+                            let got = t.range(Bound::Included(&k[..]), Bound::Unbounded, 2);
+                            assert_eq!(got.first().map(|(g, _)| &g[..]), Some(&k[..]));
+                        }
+                    });
+                }
+            });
+            assert_eq!(t.check_invariants(), Ok(()));
+            assert_eq!(t.len(), 2 * n as usize);
+        }
     }
 
     #[test]

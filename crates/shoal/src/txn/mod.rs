@@ -724,10 +724,11 @@ impl<'db> Transaction<'db> {
         enum Step<T> {
             Done(T),
             Failed(Error),
-            Absent,
+            /// No record; the prior key if the leaf showed it (a hint for the insert).
+            Absent(Option<Option<Vec<u8>>>),
         }
         let mut before = None;
-        let step = tree.update(key, |rec| match rec {
+        let step = tree.update_with_prior(key, |rec, prior| match rec {
             Some(r) => {
                 let cur = if r.ghost { None } else { Some(&r.value[..]) };
                 match f(cur) {
@@ -741,7 +742,7 @@ impl<'db> Transaction<'db> {
                     Err(e) => Step::Failed(e),
                 }
             }
-            None => Step::Absent,
+            None => Step::Absent(prior.map(|p| p.map(<[u8]>::to_vec))),
         });
         match step {
             Step::Done(v) => {
@@ -750,14 +751,15 @@ impl<'db> Transaction<'db> {
                     key: key.into(),
                     before,
                 });
-                return Ok(v);
+                Ok(v)
             }
-            Step::Failed(e) => return Err(e),
-            Step::Absent => {}
+            Step::Failed(e) => Err(e),
+            Step::Absent(prior) => {
+                let v = f(None)?;
+                self.insert_new(slot, key, v.as_ref(), prior)?;
+                Ok(v)
+            }
         }
-        let v = f(None)?;
-        self.insert_new(slot, key, v.as_ref())?;
-        Ok(v)
     }
 
     /// Algorithm 1 for a key with no record: instant NX on the prior key, then create.
@@ -770,10 +772,21 @@ impl<'db> Transaction<'db> {
     /// part (lock inheritance): `XN` becomes `XS` (or `X`). Without it another transaction could
     /// insert into `(key, next)` (its instant NX on `key` is compatible with `XN`) and commit
     /// a phantom into a range this transaction has read.
-    fn insert_new(&mut self, slot: u16, key: &[u8], value: &[u8]) -> Result<()> {
+    ///
+    /// `hint` is the prior key if the caller just saw it (see `BTree::update_with_prior`).
+    fn insert_new(
+        &mut self,
+        slot: u16,
+        key: &[u8],
+        value: &[u8],
+        mut hint: Option<Option<Vec<u8>>>,
+    ) -> Result<()> {
         loop {
             let tree = &self.tables[slot as usize].inner.tree;
-            let prior = tree.predecessor(key);
+            let prior = match hint.take() {
+                Some(p) => p,
+                None => tree.predecessor(key),
+            };
             let gap = self.gap_id(slot, prior.clone());
             // The gap part this transaction holds on the prior key, read before the instant
             // NX (which converts and keeps a held lock). The new key inherits it before it
@@ -789,15 +802,9 @@ impl<'db> Transaction<'db> {
             }
             let taken = self.lock_instant(&gap, LockMode::NX)?;
             let tree = &self.tables[slot as usize].inner.tree;
-            if tree.predecessor(key) != prior {
-                // A ghost in the gap went away, or the prior key changed before our lock:
-                // look again.
-                self.unlock_instant(&gap, taken);
-                continue;
-            }
             let mut created = false;
             let mut before = None;
-            tree.update(key, |rec| match rec {
+            let mut put = |rec: &mut Option<Record>| match rec {
                 None => {
                     *rec = Some(Record {
                         value: value.to_vec(),
@@ -813,7 +820,32 @@ impl<'db> Transaction<'db> {
                     r.value.extend_from_slice(value);
                     r.ghost = false;
                 }
+            };
+            // Check that the prior key is still the predecessor, and insert: under one leaf
+            // latch when the leaf shows the predecessor, else in two steps (the NX lock keeps
+            // the gap from changing in between).
+            let moved = tree.update_with_prior(key, |rec, now| match now {
+                Some(now) if now != prior.as_deref() => Some(true),
+                Some(_) => {
+                    put(rec);
+                    Some(false)
+                }
+                None => None,
             });
+            let moved = match moved {
+                Some(m) => m,
+                None if tree.predecessor(key) != prior => true,
+                None => {
+                    tree.update(key, &mut put);
+                    false
+                }
+            };
+            if moved {
+                // A ghost in the gap went away, or the prior key changed before our lock:
+                // look again.
+                self.unlock_instant(&gap, taken);
+                continue;
+            }
             self.unlock_instant(&gap, taken);
             self.undo.push(Undo {
                 table: slot,

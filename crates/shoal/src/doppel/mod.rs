@@ -344,6 +344,13 @@ struct SlotData {
     slices: FxHashMap<Key, Delta>,
     /// Per record: (operation, sampled issue count, conflict count).
     stats: FxHashMap<Key, Vec<(OpClass, u64, u64)>>,
+    /// The records whose sampled operations are counted: those that had a conflict in this
+    /// classification interval or the last, and the split ones (by key hash). Only they can
+    /// be split or stay split (`c_op >= min_conflicts`, or a current split record's impact),
+    /// so counting every record a sampled transaction touches would only fill `stats` with
+    /// keys the classification skips (RUBiS, INCR1 with a cold table: hundreds of thousands
+    /// per interval).
+    watch: rustc_hash::FxHashSet<(TableId, u64)>,
 }
 
 #[derive(Default)]
@@ -558,10 +565,16 @@ impl Doppel {
             return;
         }
         let every = u64::from(self.opts.sample_every.max(1));
-        let mut d = self.slots[slot].data.lock();
+        let mut guard = self.slots[slot].data.lock();
+        let SlotData { stats, watch, .. } = &mut *guard;
+        let watch = std::cell::RefCell::new(watch);
+        let watch_insert = |t: TableId, h: u64| {
+            watch.borrow_mut().insert((t, h));
+        };
+        let watching = |t: TableId, h: u64| watch.borrow().contains(&(t, h));
         let mut bump = |table: TableId, key: &[u8], class: OpClass, n: u64, c: u64| {
             let k: Key = (table, key.into());
-            let v = d.stats.entry(k).or_default();
+            let v = stats.entry(k).or_default();
             match v.iter_mut().find(|e| e.0 == class) {
                 Some(e) => {
                     e.1 += n;
@@ -570,9 +583,14 @@ impl Doppel {
                 None => v.push((class, n, c)),
             }
         };
+        if let Some((t, k)) = &conflict {
+            watch_insert(*t, key_hash(k));
+        }
         if sampled && keys.len() == ops.len() {
-            for ((t, _, class), k) in ops.iter().zip(keys) {
-                bump(*t, k, *class, every, 0);
+            for ((t, h, class), k) in ops.iter().zip(keys) {
+                if watching(*t, *h) {
+                    bump(*t, k, *class, every, 0);
+                }
             }
         }
         if let Some((t, k)) = conflict {
@@ -590,7 +608,21 @@ impl Doppel {
     fn classify(&self) -> FxHashMap<Key, SplitOp> {
         let mut all: FxHashMap<Key, Vec<(OpClass, u64, u64)>> = FxHashMap::default();
         for s in self.slots.iter() {
-            let stats = std::mem::take(&mut s.data.lock().stats);
+            let stats = {
+                let mut d = s.data.lock();
+                let stats = std::mem::take(&mut d.stats);
+                // Watch next interval what conflicted in this one, and the split records.
+                let mut watch: rustc_hash::FxHashSet<(TableId, u64)> = stats
+                    .iter()
+                    .filter(|(_, v)| v.iter().any(|e| e.2 > 0))
+                    .map(|((t, k), _)| (*t, key_hash(k)))
+                    .collect();
+                for (t, m) in &d.split {
+                    watch.extend(m.keys().map(|k| (*t, key_hash(k))));
+                }
+                d.watch = watch;
+                stats
+            };
             for (k, v) in stats {
                 let e = all.entry(k).or_default();
                 for (class, n, c) in v {

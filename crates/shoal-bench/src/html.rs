@@ -62,8 +62,34 @@ fn machine() -> Vec<(&'static str, String)> {
 /// An experiment's files: its plot and its records, if present.
 type Files = (Option<PathBuf>, Option<PathBuf>);
 
-/// The experiments found in `dir`: name (file stem) → (svg path, json path).
-fn experiments(dir: &Path) -> anyhow::Result<BTreeMap<String, Files>> {
+/// Sorts names with their digit runs compared as numbers (`E2` before `E10`).
+fn natural_key(name: &str) -> Vec<(String, u64)> {
+    let mut out = Vec::new();
+    let mut text = String::new();
+    let mut num: Option<u64> = None;
+    for c in name.chars() {
+        match (c.to_digit(10), num) {
+            (Some(d), n) => {
+                num = Some(
+                    n.unwrap_or(0)
+                        .saturating_mul(10)
+                        .saturating_add(u64::from(d)),
+                )
+            }
+            (None, Some(n)) => {
+                out.push((std::mem::take(&mut text), n));
+                num = None;
+                text.push(c);
+            }
+            (None, None) => text.push(c),
+        }
+    }
+    out.push((text, num.unwrap_or(0)));
+    out
+}
+
+/// The experiments found in `dir`: name (file stem) → (svg path, json path), in natural order.
+fn experiments(dir: &Path) -> anyhow::Result<Vec<(String, Files)>> {
     let mut out: BTreeMap<String, Files> = BTreeMap::new();
     for e in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
         let p = e?.path();
@@ -81,6 +107,8 @@ fn experiments(dir: &Path) -> anyhow::Result<BTreeMap<String, Files>> {
         }
     }
     out.retain(|_, (svg, json)| svg.is_some() || json.is_some());
+    let mut out: Vec<(String, Files)> = out.into_iter().collect();
+    out.sort_by_cached_key(|(name, _)| natural_key(name));
     Ok(out)
 }
 
@@ -190,7 +218,8 @@ pub fn build(dir: &Path) -> anyhow::Result<PathBuf> {
         .map(|(k, v)| format!("<tr><th>{}</th><td>{}</td></tr>", esc(k), esc(v)))
         .collect();
     let toc: String = exps
-        .keys()
+        .iter()
+        .map(|(n, _)| n)
         .map(|n| format!("<li><a href=\"#{0}\">{0}</a></li>", esc(n)))
         .collect();
     let page = format!(
@@ -218,6 +247,16 @@ document.body.setAttribute('data-broken',String(b));}});</script>\n</body></html
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn experiments_come_in_natural_order() {
+        let mut names = vec!["E10", "E2", "E1", "E14-intervals", "E9", "results-e7"];
+        names.sort_by_cached_key(|n| natural_key(n));
+        assert_eq!(
+            names,
+            ["E1", "E2", "E9", "E10", "E14-intervals", "results-e7"]
+        );
+    }
 
     #[test]
     fn page_inlines_every_plot_and_lists_runs() {

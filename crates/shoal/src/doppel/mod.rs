@@ -340,7 +340,9 @@ pub(crate) enum OpClass {
 
 #[derive(Default)]
 struct SlotData {
-    split: SplitMap,
+    /// The split records of the current split phase (empty in joined phases). Each slot has
+    /// its own `Arc`, so a transaction taking it at `enter` touches no shared count.
+    split: Arc<SplitMap>,
     slices: FxHashMap<Key, Delta>,
     /// Per record: (operation, sampled issue count, conflict count).
     stats: FxHashMap<Key, Vec<(OpClass, u64, u64)>>,
@@ -394,6 +396,31 @@ pub(crate) struct Entered {
     pub(crate) epoch: u64,
     pub(crate) split: bool,
     pub(crate) sampled: bool,
+    /// The phase's split records (split phases only): phases change only while no
+    /// transaction runs, so this stays exact for the transaction's life, and looking a key up
+    /// takes no lock.
+    split_map: Option<Arc<SplitMap>>,
+}
+
+impl Entered {
+    /// The selected operation of a split record, if `key` is split (split phases only).
+    pub(crate) fn split_op(&self, table: TableId, key: &[u8]) -> Option<SplitOp> {
+        self.split_map.as_ref()?.get(&table)?.get(key).copied()
+    }
+
+    /// Whether a split record of `table` lies in the range.
+    pub(crate) fn split_in_range(
+        &self,
+        table: TableId,
+        lo: std::ops::Bound<&[u8]>,
+        hi: std::ops::Bound<&[u8]>,
+    ) -> bool {
+        use std::ops::RangeBounds;
+        self.split_map.as_ref().is_some_and(|m| {
+            m.get(&table)
+                .is_some_and(|m| m.keys().any(|k| (lo, hi).contains(&k[..])))
+        })
+    }
 }
 
 impl Doppel {
@@ -476,11 +503,13 @@ impl Doppel {
             b.set(n);
             n % every == 0
         });
+        let split = w & SPLIT != 0;
         Entered {
             slot,
             epoch: epoch_of(w),
-            split: w & SPLIT != 0,
+            split,
             sampled,
+            split_map: split.then(|| Arc::clone(&self.slots[slot].data.lock().split)),
         }
     }
 
@@ -488,27 +517,6 @@ impl Doppel {
     pub(crate) fn exit(&self, slot: usize) {
         active_add(self.db, -1);
         self.slots[slot].active.fetch_sub(1, Ordering::SeqCst);
-    }
-
-    /// The selected operation of a split record, if `key` is split (split phases only).
-    pub(crate) fn split_op(&self, slot: usize, table: TableId, key: &[u8]) -> Option<SplitOp> {
-        let d = self.slots[slot].data.lock();
-        d.split.get(&table)?.get(key).copied()
-    }
-
-    /// Whether a split record of `table` lies in the range.
-    pub(crate) fn split_in_range(
-        &self,
-        slot: usize,
-        table: TableId,
-        lo: std::ops::Bound<&[u8]>,
-        hi: std::ops::Bound<&[u8]>,
-    ) -> bool {
-        use std::ops::RangeBounds;
-        let d = self.slots[slot].data.lock();
-        d.split
-            .get(&table)
-            .is_some_and(|m| m.keys().any(|k| (lo, hi).contains(&k[..])))
     }
 
     /// A transaction of split phase `epoch` was stashed.
@@ -617,7 +625,7 @@ impl Doppel {
                     .filter(|(_, v)| v.iter().any(|e| e.2 > 0))
                     .map(|((t, k), _)| (*t, key_hash(k)))
                     .collect();
-                for (t, m) in &d.split {
+                for (t, m) in d.split.iter() {
                     watch.extend(m.keys().map(|k| (*t, key_hash(k))));
                 }
                 d.watch = watch;
@@ -734,7 +742,7 @@ impl Doppel {
         let n = ctl.current.len();
         drop(ctl);
         for s in self.slots.iter() {
-            s.data.lock().split = map.clone();
+            s.data.lock().split = Arc::new(map.clone());
         }
         let split = target.is_some() && n > 0;
         if split {

@@ -59,10 +59,7 @@ impl Transaction<'_> {
         if !d.e.split {
             return Ok(());
         }
-        let Some(rt) = self.db.inner.doppel() else {
-            return Ok(());
-        };
-        match rt.split_op(d.e.slot, table, key) {
+        match d.e.split_op(table, key) {
             None => Ok(()),
             Some(op) => Err(self.dop_stash(format!("key {} is split for {op:?}", show_key(key)))),
         }
@@ -76,11 +73,8 @@ impl Transaction<'_> {
         if !d.e.split {
             return Ok(());
         }
-        let Some(rt) = self.db.inner.doppel() else {
-            return Ok(());
-        };
         let table = self.tables[slot as usize].inner.id;
-        if rt.split_in_range(d.e.slot, table, lo, hi) {
+        if d.e.split_in_range(table, lo, hi) {
             return Err(self.dop_stash("a scanned range holds a split key".into()));
         }
         Ok(())
@@ -145,25 +139,23 @@ impl Transaction<'_> {
             let tid = self.tables[slot as usize].inner.id;
             let op = delta.op();
             if d.e.split {
-                if let Some(rt) = self.db.inner.doppel() {
-                    match rt.split_op(d.e.slot, tid, key) {
-                        Some(sel) if sel == op => {
-                            // A split operation cannot conflict: count it only when sampled.
-                            if d.e.sampled {
-                                d.note(tid, key, OpClass::Split(op));
-                            }
-                            d.sw.push((tid, key.into(), delta));
-                            return Ok(());
-                        }
-                        Some(sel) => {
+                match d.e.split_op(tid, key) {
+                    Some(sel) if sel == op => {
+                        // A split operation cannot conflict: count it only when sampled.
+                        if d.e.sampled {
                             d.note(tid, key, OpClass::Split(op));
-                            return Err(self.dop_stash(format!(
-                                "key {} is split for {sel:?}, not {op:?}",
-                                show_key(key)
-                            )));
                         }
-                        None => {}
+                        d.sw.push((tid, key.into(), delta));
+                        return Ok(());
                     }
+                    Some(sel) => {
+                        d.note(tid, key, OpClass::Split(op));
+                        return Err(self.dop_stash(format!(
+                            "key {} is split for {sel:?}, not {op:?}",
+                            show_key(key)
+                        )));
+                    }
+                    None => {}
                 }
             }
             d.note(tid, key, OpClass::Split(op));

@@ -37,6 +37,13 @@ use report::Record;
 use sweep::{Axis, Sweep};
 use workloads::WorkloadKind;
 
+/// The harness allocates with mimalloc: glibc's allocator slowed every run that followed a
+/// large one in the same process (the insert microbenchmark's throughput halved from its
+/// first run to its third, in `malloc_consolidate` and `_int_malloc`). The engine library
+/// itself sets no allocator; an embedding application chooses its own.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// shoal: an in-memory transactional storage engine.
 #[derive(Debug, Parser)]
 #[command(name = "shoal", version)]

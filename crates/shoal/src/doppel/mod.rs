@@ -575,14 +575,8 @@ impl Doppel {
         let every = u64::from(self.opts.sample_every.max(1));
         let mut guard = self.slots[slot].data.lock();
         let SlotData { stats, watch, .. } = &mut *guard;
-        let watch = std::cell::RefCell::new(watch);
-        let watch_insert = |t: TableId, h: u64| {
-            watch.borrow_mut().insert((t, h));
-        };
-        let watching = |t: TableId, h: u64| watch.borrow().contains(&(t, h));
         let mut bump = |table: TableId, key: &[u8], class: OpClass, n: u64, c: u64| {
-            let k: Key = (table, key.into());
-            let v = stats.entry(k).or_default();
+            let v = stats.entry((table, key.into())).or_default();
             match v.iter_mut().find(|e| e.0 == class) {
                 Some(e) => {
                     e.1 += n;
@@ -591,18 +585,19 @@ impl Doppel {
                 None => v.push((class, n, c)),
             }
         };
-        if let Some((t, k)) = &conflict {
-            watch_insert(*t, key_hash(k));
-        }
+        let conflict = conflict.map(|(t, k)| {
+            let h = key_hash(&k);
+            watch.insert((t, h));
+            (t, h, k)
+        });
         if sampled && keys.len() == ops.len() {
             for ((t, h, class), k) in ops.iter().zip(keys) {
-                if watching(*t, *h) {
+                if watch.contains(&(*t, *h)) {
                     bump(*t, k, *class, every, 0);
                 }
             }
         }
-        if let Some((t, k)) = conflict {
-            let h = key_hash(&k);
+        if let Some((t, h, k)) = conflict {
             let class = ops
                 .iter()
                 .rev()

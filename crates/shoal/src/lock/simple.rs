@@ -758,9 +758,16 @@ impl SimpleLockTable {
                 DeadlockPolicy::Dreadlocks(WaitStyle::Spin) => {
                     MutexGuard::unlocked(&mut shard, thread::yield_now)
                 }
-                DeadlockPolicy::Dreadlocks(WaitStyle::Hybrid) if self.dread.try_spin() => {
-                    MutexGuard::unlocked(&mut shard, thread::yield_now);
-                    self.dread.end_spin();
+                // Decided outside the shard latch: the decision may read /proc.
+                DeadlockPolicy::Dreadlocks(WaitStyle::Hybrid) => {
+                    MutexGuard::unlocked(&mut shard, || {
+                        if self.dread.try_spin() {
+                            thread::yield_now();
+                            self.dread.end_spin();
+                        } else {
+                            thread::park_timeout(nap);
+                        }
+                    })
                 }
                 _ => MutexGuard::unlocked(&mut shard, || thread::park_timeout(nap)),
             }

@@ -666,8 +666,14 @@ fn a_stash_queue_keeps_the_worker_running_while_stashed_work_waits() {
         "no work done while stashed reads waited"
     );
     assert!(runs.values().all(|&n| n == 1), "a stashed read ran twice");
+    // Reads were stashed, and at least one split phase ended (epoch 2 or later: the reads
+    // then ran in a joined phase). Whether a second split phase starts before the 200 reads
+    // are done depends on timing.
     let st = db.doppel_stats().unwrap();
-    assert!(st.stashed > 0 && st.split_phases > 1, "{st:?}");
+    assert!(
+        st.stashed > 0 && st.split_phases >= 1 && st.epoch >= 2,
+        "{st:?}"
+    );
     db.clear_split_hint(&t, "hot").unwrap();
     let total = db.run(|tx| tx.get_i64(&t, "hot")).unwrap().unwrap_or(0);
     assert_eq!(total, adds);

@@ -18,8 +18,12 @@ use super::sync::{
 };
 use super::{DeadlockPolicy, LockFailure, LockId, LockMode, LockTable, LockTableFootprint, TxnId};
 
-/// Number of buckets of the lock hash table (fixed, a power of two).
-pub const BUCKETS: usize = 1 << 20;
+/// Number of buckets of the lock hash table (fixed, a power of two). 2 MiB of bucket
+/// pointers: with lock heads killed at release the lists are short anyway, and this keeps
+/// them short when killing is refused and idle heads stay linked (txbench read-only at MPL
+/// 512: 2^16 buckets gave 91k-115k tps with `find_head` a third of the profile, 2^18 116k-
+/// 123k; 2^20 made every lookup a cache miss in an 8 MiB array).
+pub const BUCKETS: usize = 1 << 18;
 /// Number of reclamation slots (at most this many operations are pinned at once).
 pub const SLOTS: usize = 512;
 /// Capacity of the waiting-transaction registry used by deadlock detection.
@@ -34,9 +38,13 @@ pub const FREE_CAP: usize = 128;
 /// that hot heads kept being killed and recreated: txbench read-only at MPL 512 fell from
 /// about 120k to 5k-48k tps; 1024 measured like no sweeping at all.)
 pub const SWEEP_EVERY: usize = 1024;
-/// Buckets one sweep step visits (a full sweep of [`BUCKETS`] takes 256 steps, so at most
-/// about `256 * SWEEP_EVERY` idle lock heads per slot accumulate between two visits).
+/// Buckets one sweep step visits (a full sweep of [`BUCKETS`] takes 64 steps).
 pub const SWEEP_BUCKETS: usize = 4096;
+/// Retired lock heads a slot may hold back (not yet reclaimable) and still kill
+/// idle lock heads (eagerly at unlock, or in a sweep step). Past that, idle heads stay
+/// linked and are reused: while a descheduled thread holds the epoch back (many more threads
+/// than cores), killing would only pile up memory that cannot be reclaimed.
+pub const KILL_BACKLOG: usize = 1024;
 /// Stripes of the early-lock-release tag floor (the tags of reclaimed lock heads).
 const TAG_FLOORS: usize = 1024;
 /// How often a blocked request re-runs the deadlock search.
@@ -185,6 +193,8 @@ impl Entry {
 /// is unlinked from the bucket list as in Michael's list, and retired like an entry: freed,
 /// with the entries still on its list, once no pinned operation can reach it.
 struct LockHead {
+    /// Hash of `id` (compared before `id` itself in lookups).
+    hash: u64,
     id: LockId,
     /// Next lock head of the bucket; marked once this head is dead and about to be unlinked.
     next: AtomicPtr<LockHead>,
@@ -227,15 +237,29 @@ struct SlotLocal {
     graveyard: Vec<*mut LockHead>,
     /// Reclaimed entries ready for reuse.
     free: Vec<*mut Entry>,
+    /// Kills refused since the last reclamation attempt (see `may_kill`).
+    refused: usize,
     /// Bag size at which the next reclamation attempt runs (a failed attempt, with the
     /// epoch held back by a pinned operation, is not repeated on every retirement).
     collect_at: usize,
+}
+
+impl SlotLocal {
+    /// Retired lock heads not reclaimed yet.
+    fn backlog(&self) -> usize {
+        self.heads.len()
+    }
 }
 
 /// A reclamation slot: `pin` is `epoch << 1 | 1` while an operation occupies the slot, 0 when
 /// the slot is free.
 struct Slot {
     pin: AtomicU64,
+    /// Lock heads this slot allocated and freed (written only by the slot's occupant, so
+    /// without a read-modify-write; a table-wide counter bounced between cores on every
+    /// lock once idle heads are killed at unlock).
+    heads_made: AtomicUsize,
+    heads_freed: AtomicUsize,
     local: UnsafeCell<SlotLocal>,
 }
 
@@ -288,6 +312,20 @@ impl Guard<'_> {
     }
 }
 
+impl Guard<'_> {
+    /// Counts a lock head this slot allocated (`true`) or freed (`false`).
+    fn count_head(&self, made: bool) {
+        let slot = &self.table.slots[self.slot];
+        let c = if made {
+            &slot.heads_made
+        } else {
+            &slot.heads_freed
+        };
+        // Only the slot's occupant writes it.
+        c.store(c.load(SeqCst).wrapping_add(1), SeqCst);
+    }
+}
+
 impl Drop for Guard<'_> {
     fn drop(&mut self) {
         self.table.slots[self.slot].pin.store(0, SeqCst);
@@ -321,8 +359,6 @@ pub struct LatchFreeLockTable {
     /// Entries of waiting requests, for the waits-for walk of deadlock detection.
     waiting: Box<[AtomicPtr<Entry>]>,
     allocated: AtomicUsize,
-    /// Lock heads allocated: linked (live or dead) or retired.
-    heads: AtomicUsize,
     /// Where the next sweep step starts (a bucket index, modulo the bucket count).
     sweep_cursor: AtomicUsize,
     /// Highest early-lock-release tag of a killed lock head, per stripe of buckets: a tag
@@ -364,6 +400,8 @@ impl LatchFreeLockTable {
                 .map(|_| {
                     CachePadded::new(Slot {
                         pin: AtomicU64::new(0),
+                        heads_made: AtomicUsize::new(0),
+                        heads_freed: AtomicUsize::new(0),
                         local: UnsafeCell::new(SlotLocal::default()),
                     })
                 })
@@ -373,7 +411,6 @@ impl LatchFreeLockTable {
                 .map(|_| AtomicPtr::new(ptr::null_mut()))
                 .collect(),
             allocated: AtomicUsize::new(0),
-            heads: AtomicUsize::new(0),
             sweep_cursor: AtomicUsize::new(0),
             tag_floor: (0..params.buckets.min(TAG_FLOORS))
                 .map(|_| AtomicU64::new(0))
@@ -411,7 +448,13 @@ impl LatchFreeLockTable {
     /// Number of lock heads allocated: linked in a bucket (live or dead) or retired and not
     /// reclaimed yet.
     pub fn allocated_heads(&self) -> usize {
-        self.heads.load(SeqCst)
+        let (made, freed) = self.slots.iter().fold((0usize, 0usize), |(m, f), s| {
+            (
+                m.wrapping_add(s.heads_made.load(SeqCst)),
+                f.wrapping_add(s.heads_freed.load(SeqCst)),
+            )
+        });
+        made.wrapping_sub(freed)
     }
 
     /// Number of live (not killed) lock heads linked in the buckets.
@@ -542,8 +585,29 @@ impl LatchFreeLockTable {
         let n = self.params.sweep_buckets;
         let start = self.sweep_cursor.fetch_add(n, SeqCst);
         for i in 0..n {
+            if !self.may_kill(g) {
+                return;
+            }
             self.sweep_bucket(g, start.wrapping_add(i) & (self.buckets.len() - 1));
         }
+    }
+
+    /// Whether this slot may kill idle lock heads now: only while fewer than
+    /// [`KILL_BACKLOG`] of the heads it retired wait for reclamation. When the limit is
+    /// reached it tries a reclamation first (at most once every [`RETIRE_BATCH`] refusals, as
+    /// a reclamation scans every slot).
+    fn may_kill(&self, g: &Guard<'_>) -> bool {
+        let local = g.local();
+        if local.backlog() < KILL_BACKLOG {
+            return true;
+        }
+        local.refused += 1;
+        if local.refused < self.params.retire_batch {
+            return false;
+        }
+        local.refused = 0;
+        self.collect(g);
+        g.local().backlog() < KILL_BACKLOG
     }
 
     /// Advances the global epoch if every pinned operation has seen it.
@@ -594,7 +658,7 @@ impl LatchFreeLockTable {
                     self.allocated.fetch_sub(1, SeqCst);
                 }
             }
-            self.heads.fetch_sub(1, SeqCst);
+            g.count_head(false);
             if self.params.poison_heads {
                 h.poison.store(1, SeqCst);
                 local.graveyard.push(Box::into_raw(h));
@@ -654,11 +718,19 @@ impl LatchFreeLockTable {
 
     // ---- hash table and lists ----
 
-    fn bucket_index(&self, id: &LockId) -> usize {
-        let h = FxBuildHasher
+    /// The hash of `id` that picks its bucket and is kept in its lock head.
+    fn hash(id: &LockId) -> u64 {
+        FxBuildHasher
             .hash_one(id)
-            .wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        (h >> 32) as usize & (self.buckets.len() - 1)
+            .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+    }
+
+    fn bucket_of(&self, hash: u64) -> usize {
+        (hash >> 32) as usize & (self.buckets.len() - 1)
+    }
+
+    fn bucket_index(&self, id: &LockId) -> usize {
+        self.bucket_of(Self::hash(id))
     }
 
     fn tag_floor(&self, bucket: usize) -> &AtomicU64 {
@@ -756,7 +828,8 @@ impl LatchFreeLockTable {
     /// by a traversal that reached the end of the bucket without seeing a live one, and a
     /// dead head never comes back to life.
     fn find_head(&self, g: &Guard<'_>, id: &LockId, create: bool) -> Option<&LockHead> {
-        let bucket = &self.buckets[self.bucket_index(id)];
+        let hash = Self::hash(id);
+        let bucket = &self.buckets[self.bucket_of(hash)];
         let mut fresh: *mut LockHead = ptr::null_mut();
         'restart: loop {
             let mut link = bucket;
@@ -772,6 +845,7 @@ impl LatchFreeLockTable {
                     }
                     if fresh.is_null() {
                         fresh = Box::into_raw(Box::new(LockHead {
+                            hash,
                             id: id.clone(),
                             next: AtomicPtr::new(ptr::null_mut()),
                             first: AtomicPtr::new(ptr::null_mut()),
@@ -784,7 +858,7 @@ impl LatchFreeLockTable {
                         .compare_exchange(ptr::null_mut(), fresh, SeqCst, SeqCst)
                         .is_ok()
                     {
-                        self.heads.fetch_add(1, SeqCst);
+                        g.count_head(true);
                         self.created_head(g);
                         // SAFETY: just published; freed only after being killed (it has no
                         // request yet, so it is not killed before its creator appends) and
@@ -800,7 +874,7 @@ impl LatchFreeLockTable {
                     Step::Reload => continue,
                     Step::Restart => continue 'restart,
                 }
-                if h.id == *id {
+                if h.hash == hash && h.id == *id {
                     if !fresh.is_null() {
                         // SAFETY: `fresh` was never published.
                         drop(unsafe { Box::from_raw(fresh) });
@@ -1336,6 +1410,13 @@ impl LockTable for LatchFreeLockTable {
         entry.state.store(s | OBSOLETE, SeqCst);
         fence(SeqCst);
         self.wake(&guard, h, e, bit(granted_of(s)) | bit(requested_of(s)));
+        // Eager kill: a lock head whose last request just became obsolete is killed and
+        // unlinked now rather than by the next sweep, so the bucket lists hold about as many
+        // heads as there are held or awaited locks and lookups stay in cache.
+        if self.may_kill(&guard) && self.try_kill(h, self.bucket_index(id)) {
+            // The lookup finds no live head and unlinks every dead one on its way.
+            let _ = self.find_head(&guard, id, false);
+        }
     }
 
     fn is_free(&self, id: &LockId) -> bool {

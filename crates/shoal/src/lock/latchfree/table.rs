@@ -44,7 +44,7 @@ pub const SWEEP_BUCKETS: usize = 4096;
 /// idle lock heads (eagerly at unlock, or in a sweep step). Past that, idle heads stay
 /// linked and are reused: while a descheduled thread holds the epoch back (many more threads
 /// than cores), killing would only pile up memory that cannot be reclaimed.
-pub const KILL_BACKLOG: usize = 1024;
+pub const KILL_BACKLOG: usize = 4096;
 /// Stripes of the early-lock-release tag floor (the tags of reclaimed lock heads).
 const TAG_FLOORS: usize = 1024;
 /// How often a blocked request re-runs the deadlock search.

@@ -15,6 +15,12 @@
 //! leaf is found by searching below its low fence. [`BTree::check_invariants`] uses them to
 //! verify the whole structure.
 //!
+//! Leaf hints: [`BTree::get_hinted`] and [`BTree::update_hinted`] return a [`LeafHint`] for
+//! the leaf they ended in and take one back, trying that leaf first (latch it, check it is
+//! still a leaf whose fences hold the key) before a root-to-leaf descent. Fence keys make the
+//! check sound without sibling pointers or node versions (see `Leaf::covers`); the optimistic
+//! concurrency control keeps a hint per read and write, as Silo keeps record pointers.
+//!
 //! Ghost records are ordinary records with the ghost bit set; the transaction layer owns the
 //! bit and removes ghosts when no transaction can need them.
 //!
@@ -25,6 +31,8 @@
 
 use std::cmp::Ordering;
 use std::ops::Bound;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::sync::Arc;
 
 use parking_lot::RwLock;
@@ -288,6 +296,26 @@ impl Inner {
 }
 
 impl Leaf {
+    /// True when `key` lies within this leaf's fences, [`low`, `high`).
+    ///
+    /// Under the leaf's latch this says that the leaf is *the* leaf of `key`: the one a
+    /// descent for `key` would reach now, where `key`'s record is if it exists and where an
+    /// insert of `key` goes. The fences of the leaves partition the key space: a split changes
+    /// them only under the write latches of the parent and the splitting leaf (the leaf's
+    /// `high` drops to the separator in the same critical section that moves the entries at
+    /// or above it into the new right sibling, whose fences are set before the parent
+    /// publishes it), every record sits in the leaf whose fences hold its key
+    /// ([`BTree::check_invariants`]), and no leaf is ever removed or merged, so no stale
+    /// leaf keeps fences that another leaf now covers. The one node that stops being a leaf
+    /// is the root (a root split moves its contents, fences included, into a new child), and
+    /// then it is an inner node, which a hinted access checks first. If merges or node
+    /// removal are ever added, hints must learn to detect a dead leaf.
+    #[inline]
+    fn covers(&self, key: &Probe<'_>) -> bool {
+        self.low.as_ref().is_none_or(|lo| lo.le(key))
+            && self.high.as_ref().is_none_or(|hi| !hi.le(key))
+    }
+
     fn search(&self, key: &Probe<'_>) -> Result<usize, usize> {
         let i = self.lower_bound(key);
         match self.ents.get(i) {
@@ -337,6 +365,54 @@ pub struct BTree {
     root: NodeRef,
     leaf_cap: usize,
     inner_cap: usize,
+    /// Unique among all trees this process ever makes ([`NEXT_TREE_ID`]): a [`LeafHint`] is
+    /// honoured only by the tree with its id.
+    id: u64,
+}
+
+/// The id of the next [`BTree`]. Ids are never reused (a `u64` does not wrap in practice).
+static NEXT_TREE_ID: AtomicU64 = AtomicU64::new(1);
+
+/// An opaque handle to the leaf where an operation on a key ended, returned by
+/// [`BTree::get_hinted`] and [`BTree::update_hinted`] and accepted back by them to skip the
+/// root-to-leaf descent (Silo keeps record pointers for the same reason).
+///
+/// A hint is only ever a guess: the tree uses it only if it is a hint of this very tree and,
+/// under the leaf's latch, the node is still a leaf whose fence keys hold the key; otherwise
+/// it descends from the root as usual. A stale hint, or one from another tree, costs a latch
+/// and a comparison, never a wrong answer. There is no way to reach the node through a hint.
+///
+/// ```
+/// use shoal::storage::btree::{BTree, Record};
+/// let t = BTree::new();
+/// let ((), hint) = t.update_hinted(b"k", None, |s| *s = Some(Record::default()));
+/// // The second access goes straight to the leaf.
+/// let (found, _) = t.get_hinted(b"k", Some(hint), |r| r.is_some());
+/// assert!(found);
+/// // A hint is only a guess: any key works with any hint.
+/// let (found, _) = t.get_hinted(b"other", Some(hint), |r| r.is_some());
+/// assert!(!found);
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct LeafHint {
+    tree: u64,
+    leaf: NonNull<RwLock<Node>>,
+}
+
+// SAFETY: a hint is an address and a tree id; it grants no access by itself. It is
+// dereferenced only by `BTree::hinted_node`, under that function's own safety argument, and
+// what it yields there is a `&RwLock<Node>`, which is `Sync`. So a hint may be sent to or
+// shared with any thread.
+unsafe impl Send for LeafHint {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for LeafHint {}
+
+impl std::fmt::Debug for LeafHint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeafHint")
+            .field("tree", &self.tree)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Default for BTree {
@@ -373,7 +449,31 @@ impl BTree {
             root: Arc::new(RwLock::new(new_leaf(None, None))),
             leaf_cap: leaf_cap.max(3),
             inner_cap: inner_cap.max(3),
+            id: NEXT_TREE_ID.fetch_add(1, AtomicOrdering::Relaxed),
         }
+    }
+
+    /// The hint for `leaf`, a node of this tree.
+    #[inline]
+    fn hint(&self, leaf: &RwLock<Node>) -> LeafHint {
+        LeafHint {
+            tree: self.id,
+            leaf: NonNull::from(leaf),
+        }
+    }
+
+    /// The node `hint` names, if it is a hint of this tree.
+    #[inline]
+    fn hinted_node(&self, hint: Option<LeafHint>) -> Option<&RwLock<Node>> {
+        let h = hint.filter(|h| h.tree == self.id)?;
+        // SAFETY: ids are unique per tree (`NEXT_TREE_ID`; a `BTree` is neither `Clone` nor
+        // rebuilt in place), so `h` was made by `self.hint` from a `&RwLock<Node>` that was a
+        // node of this tree (the root, or a node borrowed through `pin`). As the SAFETY
+        // comment on `pin` explains, no node is freed before its tree, and moving the `BTree`
+        // value does not move its nodes (each sits in its own `Arc` allocation). `&self`
+        // keeps the tree, hence the node, alive for the returned borrow. The node is only
+        // ever accessed through shared references (its latch provides the mutability).
+        Some(unsafe { h.leaf.as_ref() })
     }
 
     /// A node of this tree, borrowed for as long as the tree: a descent can then latch a child
@@ -397,18 +497,68 @@ impl BTree {
     /// assert!(t.get(b"k", |r| r.is_none()));
     /// ```
     pub fn get<R>(&self, key: &[u8], f: impl FnOnce(Option<&Record>) -> R) -> R {
+        self.get_descend(&Probe::new(key), f).0
+    }
+
+    /// Like [`get`](Self::get), and first tries the leaf `hint` names (see [`LeafHint`]);
+    /// also returns the hint of the leaf where `key` was looked up (whether or not it was
+    /// found: an insert of `key` goes to that leaf, unless it splits first).
+    ///
+    /// ```
+    /// use shoal::storage::btree::{BTree, Record};
+    /// let t = BTree::with_capacity(3, 3);
+    /// let (_, h) = t.update_hinted(b"a", None, |s| *s = Some(Record::default()));
+    /// for i in 0u8..50 {
+    ///     t.update(&[b'b', i], |s| *s = Some(Record::default())); // split the leaf
+    /// }
+    /// // The hint may be stale by now: the answer is still right.
+    /// let (found, h) = t.get_hinted(b"a", Some(h), |r| r.is_some());
+    /// assert!(found);
+    /// assert!(t.get_hinted(b"a", Some(h), |r| r.is_some()).0);
+    /// ```
+    pub fn get_hinted<R>(
+        &self,
+        key: &[u8],
+        hint: Option<LeafHint>,
+        f: impl FnOnce(Option<&Record>) -> R,
+    ) -> (R, LeafHint) {
         let key = &Probe::new(key);
-        let mut g = self.root.read();
+        if let Some(node) = self.hinted_node(hint) {
+            let g = node.read();
+            if let Node::Leaf(l) = &*g {
+                if l.covers(key) {
+                    let r = match l.search(key) {
+                        Ok(i) => f(Some(&l.ents[i].rec)),
+                        Err(_) => f(None),
+                    };
+                    return (r, self.hint(node));
+                }
+            }
+        }
+        let (r, leaf) = self.get_descend(key, f);
+        (r, self.hint(leaf))
+    }
+
+    /// [`get`](Self::get) from the root; also returns the leaf it ended in.
+    fn get_descend<R>(
+        &self,
+        key: &Probe<'_>,
+        f: impl FnOnce(Option<&Record>) -> R,
+    ) -> (R, &RwLock<Node>) {
+        let mut node: &RwLock<Node> = &self.root;
+        let mut g = node.read();
         loop {
             let child = match &*g {
                 Node::Leaf(l) => {
-                    return match l.search(key) {
+                    let r = match l.search(key) {
                         Ok(i) => f(Some(&l.ents[i].rec)),
                         Err(_) => f(None),
-                    }
+                    };
+                    return (r, node);
                 }
                 Node::Inner(n) => self.pin(n.child(n.child_index(key))),
             };
+            node = child;
             g = child.read();
         }
     }
@@ -439,7 +589,58 @@ impl BTree {
         key: &[u8],
         f: impl FnOnce(&mut Option<Record>, Option<Option<&[u8]>>) -> R,
     ) -> R {
+        self.update_descend(&Probe::new(key), f).0
+    }
+
+    /// Like [`update`](Self::update), and first tries the leaf `hint` names (see
+    /// [`LeafHint`]); also returns the hint of the leaf that held the slot.
+    ///
+    /// The hinted leaf is used only if, under its write latch, it is still a leaf whose fences
+    /// hold `key`, and `f` cannot need a split (the leaf has room or `key` is there): then `f`
+    /// runs on exactly the slot a descent would have reached. Otherwise this descends as
+    /// [`update`](Self::update) does. `f` runs exactly once either way.
+    ///
+    /// ```
+    /// use shoal::storage::btree::{BTree, Record};
+    /// let t = BTree::new();
+    /// let (_, h) = t.update_hinted(b"k", None, |s| *s = Some(Record::default()));
+    /// let (_, h) = t.update_hinted(b"k", Some(h), |s| s.as_mut().unwrap().tid = 7);
+    /// assert_eq!(t.get_hinted(b"k", Some(h), |r| r.unwrap().tid).0, 7);
+    /// ```
+    pub fn update_hinted<R>(
+        &self,
+        key: &[u8],
+        hint: Option<LeafHint>,
+        f: impl FnOnce(&mut Option<Record>) -> R,
+    ) -> (R, LeafHint) {
         let key = &Probe::new(key);
+        let f = |slot: &mut Option<Record>, _: Option<Option<&[u8]>>| f(slot);
+        let f = match self.hinted_node(hint) {
+            None => f,
+            Some(node) => {
+                let mut w = node.write();
+                match &mut *w {
+                    Node::Leaf(l) if l.covers(key) => {
+                        if l.ents.len() < self.leaf_cap || l.search(key).is_ok() {
+                            return (self.apply(l, key, f), self.hint(node));
+                        }
+                        f
+                    }
+                    _ => f,
+                }
+            }
+        };
+        let (r, leaf) = self.update_descend(key, f);
+        (r, self.hint(leaf))
+    }
+
+    /// [`update_with_prior`](Self::update_with_prior) from the root; also returns the leaf it
+    /// ended in.
+    fn update_descend<R>(
+        &self,
+        key: &Probe<'_>,
+        f: impl FnOnce(&mut Option<Record>, Option<Option<&[u8]>>) -> R,
+    ) -> (R, &RwLock<Node>) {
         match self.update_optimistic(key, f) {
             Ok(r) => r,
             Err(f) => self.update_pessimistic(key, f),
@@ -497,7 +698,7 @@ impl BTree {
 
     /// Read latches down to the leaf's parent, a write latch on the leaf. Gives `f` back when
     /// the leaf is full and `key` absent (an insert could need a split).
-    fn update_optimistic<R, F>(&self, key: &Probe<'_>, f: F) -> Result<R, F>
+    fn update_optimistic<R, F>(&self, key: &Probe<'_>, f: F) -> Result<(R, &RwLock<Node>), F>
     where
         F: FnOnce(&mut Option<Record>, Option<Option<&[u8]>>) -> R,
     {
@@ -511,7 +712,7 @@ impl BTree {
                     if l.ents.len() >= self.leaf_cap && l.search(key).is_err() {
                         return Err(f);
                     }
-                    return Ok(self.apply(l, key, f));
+                    return Ok((self.apply(l, key, f), &self.root));
                 }
                 // It split between the two latches: descend normally.
             }
@@ -533,7 +734,7 @@ impl BTree {
                 if l.ents.len() >= self.leaf_cap && l.search(key).is_err() {
                     return Err(f);
                 }
-                return Ok(self.apply(l, key, f));
+                return Ok((self.apply(l, key, f), child));
             }
             g = child.read();
         }
@@ -545,17 +746,19 @@ impl BTree {
         &self,
         key: &Probe<'_>,
         f: impl FnOnce(&mut Option<Record>, Option<Option<&[u8]>>) -> R,
-    ) -> R {
-        let mut g = self.root.write();
+    ) -> (R, &RwLock<Node>) {
+        let mut node: &RwLock<Node> = &self.root;
+        let mut g = node.write();
         if self.is_full(&g) {
             self.split_root(&mut g);
         }
         loop {
-            let child = match &mut *g {
-                Node::Leaf(l) => return self.apply(l, key, f),
+            let (child, cg) = match &mut *g {
+                Node::Leaf(l) => return (self.apply(l, key, f), node),
                 Node::Inner(n) => {
                     let i = n.child_index(key);
-                    let mut cg = self.pin(n.child(i)).write();
+                    let child = self.pin(n.child(i));
+                    let mut cg = child.write();
                     if self.is_full(&cg) {
                         let (sep, right) = self.split(&mut cg);
                         n.insert_sep(i, Sep { key: sep, right });
@@ -563,16 +766,18 @@ impl BTree {
                         let j = n.child_index(key);
                         if j != i {
                             drop(cg);
-                            self.pin(n.child(j)).write()
+                            let other = self.pin(n.child(j));
+                            (other, other.write())
                         } else {
-                            cg
+                            (child, cg)
                         }
                     } else {
-                        cg
+                        (child, cg)
                     }
                 }
             };
-            g = child;
+            node = child;
+            g = cg;
         }
     }
 
@@ -1057,6 +1262,186 @@ mod tests {
             prop_assert_eq!(t.len(), m.len());
             let all = t.range(Bound::Unbounded, Bound::Unbounded, usize::MAX);
             prop_assert_eq!(all, m.into_iter().collect::<Vec<_>>());
+        }
+    }
+
+    fn rec(v: u8) -> Record {
+        Record {
+            value: vec![v],
+            ghost: false,
+            tid: u64::from(v),
+        }
+    }
+
+    #[test]
+    fn a_valid_hint_is_used_and_returned() {
+        let t = BTree::new();
+        for i in 0u8..10 {
+            t.update(&[i], |s| *s = Some(rec(i)));
+        }
+        let (r, h) = t.get_hinted(&[3], None, |r| r.cloned());
+        assert_eq!(r, Some(rec(3)));
+        // One leaf: the same leaf serves every key, found or not, read or updated.
+        for i in 0u8..20 {
+            let (r, h2) = t.get_hinted(&[i], Some(h), |r| r.cloned());
+            assert_eq!(r, t.get(&[i], |r| r.cloned()));
+            assert_eq!(h2, h);
+            let ((), h3) = t.update_hinted(&[i], Some(h), |s| *s = Some(rec(i + 1)));
+            assert_eq!(h3, h);
+        }
+        assert_eq!(t.len(), 20);
+        assert_eq!(t.check_invariants(), Ok(()));
+    }
+
+    #[test]
+    fn stale_hints_after_splits_give_the_unhinted_answers() {
+        let t = BTree::with_capacity(3, 3);
+        // Hints taken while the root is still the only leaf (and then names an inner node).
+        let ((), root_hint) = t.update_hinted(b"m", None, |s| *s = Some(rec(0)));
+        let mut hints = vec![root_hint];
+        for i in 0u8..200 {
+            let k = [i.wrapping_mul(37), i];
+            let h = hints[usize::from(i) % hints.len()];
+            let ((), h) = t.update_hinted(&k, Some(h), |s| *s = Some(rec(i)));
+            hints.push(h);
+        }
+        assert_eq!(t.check_invariants(), Ok(()));
+        let all = t.range(Bound::Unbounded, Bound::Unbounded, usize::MAX);
+        assert_eq!(all.len(), 201);
+        for (i, h) in hints.iter().enumerate() {
+            for (k, _) in all.iter().skip(i % 7).step_by(7) {
+                let (got, h2) = t.get_hinted(k, Some(*h), |r| r.cloned());
+                assert_eq!(got, t.get(k, |r| r.cloned()));
+                // The returned hint is fresh: it takes the hinted path.
+                assert_eq!(t.get_hinted(k, Some(h2), |r| r.cloned()).1, h2);
+            }
+            // Absent keys, and updates through stale hints (inserting, so splitting).
+            let k = [b'z', b'z', i as u8]; // 3 bytes: no key above has them
+            assert!(t.get_hinted(&k, Some(*h), |r| r.is_none()).0);
+            let (was, _) = t.update_hinted(&k, Some(*h), |s| s.replace(rec(1)).is_some());
+            assert!(!was);
+        }
+        assert_eq!(t.check_invariants(), Ok(()));
+        assert_eq!(t.len(), 201 + hints.len());
+        // The root's old hint names an inner node now: it must not be used.
+        assert!(t.get_hinted(b"m", Some(root_hint), |r| r.is_some()).0);
+    }
+
+    #[test]
+    fn a_hint_of_another_tree_is_ignored() {
+        let a = BTree::new();
+        let b = BTree::new();
+        let ((), ha) = a.update_hinted(b"k", None, |s| *s = Some(rec(1)));
+        // `b`'s leaf is empty: using `a`'s leaf would find the key.
+        let (found, hb) = b.get_hinted(b"k", Some(ha), |r| r.is_some());
+        assert!(!found);
+        assert_ne!(ha, hb);
+        let ((), _) = b.update_hinted(b"k", Some(ha), |s| *s = Some(rec(2)));
+        assert_eq!(a.get(b"k", |r| r.cloned()), Some(rec(1)));
+        assert_eq!(b.get(b"k", |r| r.cloned()), Some(rec(2)));
+        // A dropped tree's hints are refused by a new tree, whatever its addresses.
+        let hc = {
+            let c = BTree::new();
+            c.update_hinted(b"k", None, |s| *s = Some(rec(3))).1
+        };
+        let d = BTree::new();
+        assert!(d.get_hinted(b"k", Some(hc), |r| r.is_none()).0);
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+        #[test]
+        fn hinted_calls_match_a_btreemap_model(
+            ops in proptest::collection::vec((key(), any::<u8>(), 0u8..4, any::<prop::sample::Index>()), 1..300),
+            cap in 3usize..6,
+        ) {
+            let t = BTree::with_capacity(cap, cap);
+            let other = BTree::with_capacity(cap, cap);
+            let mut m: BTreeMap<Vec<u8>, Record> = BTreeMap::new();
+            // Every hint handed out so far, and one of another tree; `None` too.
+            let mut hints: Vec<Option<LeafHint>> =
+                vec![None, Some(other.update_hinted(b"x", None, |s| *s = Some(rec(0))).1)];
+            for (k, v, op, idx) in ops {
+                let h = hints[idx.index(hints.len())];
+                let got = match op {
+                    0 => {
+                        let (r, h) = t.get_hinted(&k, h, |r| r.cloned());
+                        prop_assert_eq!(r, m.get(&k).cloned());
+                        h
+                    }
+                    1 => {
+                        let (old, h) = t.update_hinted(&k, h, Option::take);
+                        prop_assert_eq!(old, m.remove(&k));
+                        h
+                    }
+                    2 => {
+                        let (r, h) = t.update_hinted(&k, h, |s| {
+                            if let Some(r) = s { r.ghost = true; }
+                            s.clone()
+                        });
+                        if let Some(r) = m.get_mut(&k) { r.ghost = true; }
+                        prop_assert_eq!(r, m.get(&k).cloned());
+                        h
+                    }
+                    _ => {
+                        let (old, h) = t.update_hinted(&k, h, |s| s.replace(rec(v)));
+                        prop_assert_eq!(old, m.insert(k, rec(v)));
+                        h
+                    }
+                };
+                hints.push(Some(got));
+            }
+            prop_assert_eq!(t.check_invariants(), Ok(()));
+            let all = t.range(Bound::Unbounded, Bound::Unbounded, usize::MAX);
+            prop_assert_eq!(all, m.into_iter().collect::<Vec<_>>());
+        }
+    }
+
+    /// Hinted counters race with inserters that split the leaves (and the root) under them:
+    /// every increment must land exactly once, in the one record of its key.
+    #[test]
+    fn hinted_updates_race_with_splits() {
+        for _round in 0..10 {
+            let t = BTree::with_capacity(3, 3);
+            let keys = 40u32;
+            std::thread::scope(|s| {
+                for id in 0..2u32 {
+                    let t = &t;
+                    s.spawn(move || {
+                        let mut hints: Vec<Option<LeafHint>> = vec![None; keys as usize];
+                        for i in 0..3000u32 {
+                            let k = (i * 7 + id) % keys;
+                            let key = (k * 1000).to_be_bytes();
+                            let h = &mut hints[k as usize];
+                            let (n, nh) = t.update_hinted(&key, *h, |s| {
+                                let r = s.get_or_insert_with(Record::default);
+                                r.tid += 1;
+                                r.tid
+                            });
+                            *h = Some(nh);
+                            let (seen, nh) = t.get_hinted(&key, *h, |r| r.map(|r| r.tid));
+                            assert!(seen.is_some_and(|s| s >= n));
+                            *h = Some(nh);
+                        }
+                    });
+                }
+                // Inserters between the counters' keys.
+                for id in 0..2u32 {
+                    let t = &t;
+                    s.spawn(move || {
+                        for i in 0..1500u32 {
+                            let key = ((i % keys) * 1000 + 1 + (i / keys) * 2 + id).to_be_bytes();
+                            t.update(&key, |s| *s = Some(Record::default()));
+                        }
+                    });
+                }
+            });
+            assert_eq!(t.check_invariants(), Ok(()));
+            let total: u64 = (0..keys)
+                .map(|k| t.get(&(k * 1000).to_be_bytes(), |r| r.unwrap().tid))
+                .sum();
+            assert_eq!(total, 2 * 3000);
+            assert_eq!(t.len(), keys as usize + 3000);
         }
     }
 

@@ -5,6 +5,7 @@
 //! `shuttle`'s instrumented primitives (`tests/latchfree_shuttle.rs`).
 
 use std::cell::{Cell, UnsafeCell};
+use std::collections::VecDeque;
 use std::hash::BuildHasher;
 use std::ptr;
 use std::time::{Duration, Instant};
@@ -228,9 +229,9 @@ impl LockHead {
 #[derive(Default)]
 struct SlotLocal {
     /// Unlinked entries with the global epoch at their retirement.
-    bag: Vec<(u64, *mut Entry)>,
+    bag: VecDeque<(u64, *mut Entry)>,
     /// Unlinked (dead) lock heads with the global epoch at their retirement.
-    heads: Vec<(u64, *mut LockHead)>,
+    heads: VecDeque<(u64, *mut LockHead)>,
     /// Lock heads this slot created since its last sweep step.
     created: usize,
     /// Reclaimed lock heads kept allocated and poisoned ([`Params::poison_heads`]).
@@ -552,7 +553,7 @@ impl LatchFreeLockTable {
     fn retire(&self, g: &Guard<'_>, e: *mut Entry) {
         let epoch = self.epoch.load(SeqCst);
         let local = g.local();
-        local.bag.push((epoch, e));
+        local.bag.push_back((epoch, e));
         if local.heads.len() + local.bag.len() >= local.collect_at.max(self.params.retire_batch) {
             self.collect(g);
             let local = g.local();
@@ -565,7 +566,7 @@ impl LatchFreeLockTable {
     fn retire_head(&self, g: &Guard<'_>, h: *mut LockHead) {
         let epoch = self.epoch.load(SeqCst);
         let local = g.local();
-        local.heads.push((epoch, h));
+        local.heads.push_back((epoch, h));
         if local.heads.len() + local.bag.len() >= local.collect_at.max(self.params.retire_batch) {
             self.collect(g);
             let local = g.local();
@@ -626,17 +627,33 @@ impl LatchFreeLockTable {
     }
 
     /// Reclaims the retired entries and lock heads of this slot that are two epochs old.
+    ///
+    /// A bag is in retirement order, hence in epoch order (the slot's occupants push one at a
+    /// time, stamped with the global epoch, which only grows), so this pops from the front
+    /// and stops at the first one too young: it costs what it frees, not the bag's length,
+    /// which matters while a descheduled thread holds the epoch back and bags grow to
+    /// thousands. The epoch is advanced (a scan of every slot) only when nothing in the bags
+    /// is old enough yet.
     fn collect(&self, g: &Guard<'_>) {
-        let now = self.try_advance();
         let local = g.local();
-        let mut i = 0;
-        while i < local.heads.len() {
-            let (epoch, hp) = local.heads[i];
+        let oldest = local
+            .heads
+            .front()
+            .map(|x| x.0)
+            .into_iter()
+            .chain(local.bag.front().map(|x| x.0))
+            .min();
+        let current = self.epoch.load(SeqCst);
+        let now = match oldest {
+            Some(e) if e + 2 <= current => current,
+            _ => self.try_advance(),
+        };
+        let local = g.local();
+        while let Some(&(epoch, hp)) = local.heads.front() {
             if epoch + 2 > now {
-                i += 1;
-                continue;
+                break;
             }
-            local.heads.swap_remove(i);
+            local.heads.pop_front();
             // SAFETY: `hp` was unlinked from its bucket two epochs ago: no pinned operation can
             // reach it (nor an entry on its list: entries are reached through their lock
             // head, or through the waiting registry, which holds live entries only and a dead
@@ -666,23 +683,20 @@ impl LatchFreeLockTable {
                 drop(h);
             }
         }
-        let mut i = 0;
-        while i < local.bag.len() {
-            let (epoch, e) = local.bag[i];
-            if epoch + 2 <= now {
-                local.bag.swap_remove(i);
-                if local.free.len() < self.params.free_cap {
-                    // SAFETY: unreachable (two epochs old), owned by this slot now.
-                    unsafe { &*e }.state.store(POISON | OBSOLETE, SeqCst);
-                    local.free.push(e);
-                } else {
-                    // SAFETY: `e` was unlinked two epochs ago; no pinned operation can reach
-                    // it, and it came from `Box::into_raw` in `alloc`.
-                    drop(unsafe { Box::from_raw(e) });
-                    self.allocated.fetch_sub(1, SeqCst);
-                }
+        while let Some(&(epoch, e)) = local.bag.front() {
+            if epoch + 2 > now {
+                break;
+            }
+            local.bag.pop_front();
+            if local.free.len() < self.params.free_cap {
+                // SAFETY: unreachable (two epochs old), owned by this slot now.
+                unsafe { &*e }.state.store(POISON | OBSOLETE, SeqCst);
+                local.free.push(e);
             } else {
-                i += 1;
+                // SAFETY: `e` was unlinked two epochs ago; no pinned operation can reach
+                // it, and it came from `Box::into_raw` in `alloc`.
+                drop(unsafe { Box::from_raw(e) });
+                self.allocated.fetch_sub(1, SeqCst);
             }
         }
     }

@@ -130,25 +130,29 @@ fn shuttle_grants_and_releases_race() {
     );
 }
 
-#[test]
-fn shuttle_no_lost_wakeup() {
+/// One thread holds `held`; a thread per mode of `waiters` acquires it (waiting where it
+/// conflicts), optionally yields while holding it, and releases; then the holder releases.
+/// Every acquire must succeed and the object must end idle.
+fn holder_then_waiters(held: usize, waiters: &'static [usize], yield_holding: bool) {
     shuttle::check_random(
-        || {
+        move || {
             let o = Arc::new(Object::new());
-            // The holder releases while the others decide to wait.
-            assert_eq!(o.acquire(0, X, LONG), Ok(()));
-            let hs: Vec<_> = [IS, S]
-                .into_iter()
-                .map(|p| {
+            assert_eq!(o.acquire(0, held, LONG), Ok(()));
+            let hs: Vec<_> = waiters
+                .iter()
+                .map(|&p| {
                     let o = Arc::clone(&o);
                     thread::spawn(move || {
                         assert_eq!(o.acquire(0, p, LONG), Ok(()));
+                        if yield_holding {
+                            thread::yield_now();
+                        }
                         o.release(1 << p);
                     })
                 })
                 .collect();
             thread::yield_now();
-            o.release(1 << X);
+            o.release(1 << held);
             for h in hs {
                 h.join().expect("join");
             }
@@ -159,33 +163,16 @@ fn shuttle_no_lost_wakeup() {
 }
 
 #[test]
+fn shuttle_no_lost_wakeup() {
+    // The holder releases while the others decide to wait.
+    holder_then_waiters(X, &[IS, S], false);
+}
+
+#[test]
 fn shuttle_waiting_absolute_holds_back_intents() {
-    shuttle::check_random(
-        || {
-            let o = Arc::new(Object::new());
-            // An IX holder; S waits for it; a later IX may be held back behind S but must get
-            // through once S is done; IS never conflicts with S.
-            assert_eq!(o.acquire(0, IX, LONG), Ok(()));
-            let hs: Vec<_> = [S, IX, IS]
-                .into_iter()
-                .map(|p| {
-                    let o = Arc::clone(&o);
-                    thread::spawn(move || {
-                        assert_eq!(o.acquire(0, p, LONG), Ok(()));
-                        thread::yield_now();
-                        o.release(1 << p);
-                    })
-                })
-                .collect();
-            thread::yield_now();
-            o.release(1 << IX);
-            for h in hs {
-                h.join().expect("join");
-            }
-            assert_idle(&o);
-        },
-        ITERATIONS,
-    );
+    // An IX holder; S waits for it; a later IX may be held back behind S but must get
+    // through once S is done; IS never conflicts with S.
+    holder_then_waiters(IX, &[S, IX, IS], true);
 }
 
 #[test]

@@ -296,6 +296,19 @@ impl Inner {
 }
 
 impl Leaf {
+    /// Calls `f` with the record at `key`, if any.
+    fn read<R>(&self, key: &Probe<'_>, f: impl FnOnce(Option<&Record>) -> R) -> R {
+        match self.search(key) {
+            Ok(i) => f(Some(&self.ents[i].rec)),
+            Err(_) => f(None),
+        }
+    }
+
+    /// Whether an update of `key` here could need a split: the leaf is full and `key` absent.
+    fn may_split(&self, key: &Probe<'_>, cap: usize) -> bool {
+        self.ents.len() >= cap && self.search(key).is_err()
+    }
+
     /// True when `key` lies within this leaf's fences, [`low`, `high`).
     ///
     /// Under the leaf's latch this says that the leaf is *the* leaf of `key`: the one a
@@ -527,10 +540,7 @@ impl BTree {
             let g = node.read();
             if let Node::Leaf(l) = &*g {
                 if l.covers(key) {
-                    let r = match l.search(key) {
-                        Ok(i) => f(Some(&l.ents[i].rec)),
-                        Err(_) => f(None),
-                    };
+                    let r = l.read(key, f);
                     return (r, self.hint(node));
                 }
             }
@@ -550,10 +560,7 @@ impl BTree {
         loop {
             let child = match &*g {
                 Node::Leaf(l) => {
-                    let r = match l.search(key) {
-                        Ok(i) => f(Some(&l.ents[i].rec)),
-                        Err(_) => f(None),
-                    };
+                    let r = l.read(key, f);
                     return (r, node);
                 }
                 Node::Inner(n) => self.pin(n.child(n.child_index(key))),
@@ -621,7 +628,7 @@ impl BTree {
                 let mut w = node.write();
                 match &mut *w {
                     Node::Leaf(l) if l.covers(key) => {
-                        if l.ents.len() < self.leaf_cap || l.search(key).is_ok() {
+                        if !l.may_split(key, self.leaf_cap) {
                             return (self.apply(l, key, f), self.hint(node));
                         }
                         f
@@ -709,7 +716,7 @@ impl BTree {
                 drop(g);
                 let mut w = self.root.write();
                 if let Node::Leaf(l) = &mut *w {
-                    if l.ents.len() >= self.leaf_cap && l.search(key).is_err() {
+                    if l.may_split(key, self.leaf_cap) {
                         return Err(f);
                     }
                     return Ok((self.apply(l, key, f), &self.root));
@@ -731,7 +738,7 @@ impl BTree {
                 let Node::Leaf(l) = &mut *w else {
                     unreachable_leaf()
                 };
-                if l.ents.len() >= self.leaf_cap && l.search(key).is_err() {
+                if l.may_split(key, self.leaf_cap) {
                     return Err(f);
                 }
                 return Ok((self.apply(l, key, f), child));

@@ -245,13 +245,6 @@ struct SlotLocal {
     collect_at: usize,
 }
 
-impl SlotLocal {
-    /// Retired lock heads not reclaimed yet.
-    fn backlog(&self) -> usize {
-        self.heads.len()
-    }
-}
-
 /// A reclamation slot: `pin` is `epoch << 1 | 1` while an operation occupies the slot, 0 when
 /// the slot is free.
 struct Slot {
@@ -311,9 +304,7 @@ impl Guard<'_> {
         // its `local` until the guard is dropped; callers never hold two of these borrows.
         unsafe { &mut *self.table.slots[self.slot].local.get() }
     }
-}
 
-impl Guard<'_> {
     /// Counts a lock head this slot allocated (`true`) or freed (`false`).
     fn count_head(&self, made: bool) {
         let slot = &self.table.slots[self.slot];
@@ -525,7 +516,7 @@ impl LatchFreeLockTable {
             // Kill and unlink every idle lock head (retired into this guard's slot).
             let g = self.pin();
             for b in 0..self.buckets.len() {
-                self.sweep_bucket(&g, b);
+                self.sweep_bucket(&g, b, true);
             }
             g.local().created = 0;
         }
@@ -554,11 +545,7 @@ impl LatchFreeLockTable {
         let epoch = self.epoch.load(SeqCst);
         let local = g.local();
         local.bag.push_back((epoch, e));
-        if local.heads.len() + local.bag.len() >= local.collect_at.max(self.params.retire_batch) {
-            self.collect(g);
-            let local = g.local();
-            local.collect_at = local.bag.len() + local.heads.len() + self.params.retire_batch;
-        }
+        self.collect_if_due(g);
     }
 
     /// Hands an unlinked lock head to the reclaimer; it is freed, with the entries still on its
@@ -567,6 +554,12 @@ impl LatchFreeLockTable {
         let epoch = self.epoch.load(SeqCst);
         let local = g.local();
         local.heads.push_back((epoch, h));
+        self.collect_if_due(g);
+    }
+
+    /// Runs a reclamation once the slot's bags have grown by a batch since the last one.
+    fn collect_if_due(&self, g: &Guard<'_>) {
+        let local = g.local();
         if local.heads.len() + local.bag.len() >= local.collect_at.max(self.params.retire_batch) {
             self.collect(g);
             let local = g.local();
@@ -589,7 +582,7 @@ impl LatchFreeLockTable {
             if !self.may_kill(g) {
                 return;
             }
-            self.sweep_bucket(g, start.wrapping_add(i) & (self.buckets.len() - 1));
+            self.sweep_bucket(g, start.wrapping_add(i) & (self.buckets.len() - 1), true);
         }
     }
 
@@ -599,7 +592,7 @@ impl LatchFreeLockTable {
     /// a reclamation scans every slot).
     fn may_kill(&self, g: &Guard<'_>) -> bool {
         let local = g.local();
-        if local.backlog() < KILL_BACKLOG {
+        if local.heads.len() < KILL_BACKLOG {
             return true;
         }
         local.refused += 1;
@@ -608,7 +601,7 @@ impl LatchFreeLockTable {
         }
         local.refused = 0;
         self.collect(g);
-        g.local().backlog() < KILL_BACKLOG
+        g.local().heads.len() < KILL_BACKLOG
     }
 
     /// Advances the global epoch if every pinned operation has seen it.
@@ -663,17 +656,10 @@ impl LatchFreeLockTable {
             while !cur.is_null() {
                 // SAFETY: as above, the entries still linked on the list are unreachable;
                 // each is linked once (unlinked ones are in some bag instead).
-                let e = unsafe { &*cur };
-                cur = unmarked(e.next.load(SeqCst));
-                let ep = e as *const Entry as *mut Entry;
-                if local.free.len() < self.params.free_cap {
-                    e.state.store(POISON | OBSOLETE, SeqCst);
-                    local.free.push(ep);
-                } else {
-                    // SAFETY: unreachable (see above), from `Box::into_raw` in `alloc`.
-                    drop(unsafe { Box::from_raw(ep) });
-                    self.allocated.fetch_sub(1, SeqCst);
-                }
+                let next = unmarked(unsafe { &*cur }.next.load(SeqCst));
+                // SAFETY: as above.
+                unsafe { self.recycle(local, cur) };
+                cur = next;
             }
             g.count_head(false);
             if self.params.poison_heads {
@@ -688,16 +674,26 @@ impl LatchFreeLockTable {
                 break;
             }
             local.bag.pop_front();
-            if local.free.len() < self.params.free_cap {
-                // SAFETY: unreachable (two epochs old), owned by this slot now.
-                unsafe { &*e }.state.store(POISON | OBSOLETE, SeqCst);
-                local.free.push(e);
-            } else {
-                // SAFETY: `e` was unlinked two epochs ago; no pinned operation can reach
-                // it, and it came from `Box::into_raw` in `alloc`.
-                drop(unsafe { Box::from_raw(e) });
-                self.allocated.fetch_sub(1, SeqCst);
-            }
+            // SAFETY: `e` was unlinked two epochs ago: no pinned operation can reach it.
+            unsafe { self.recycle(local, e) };
+        }
+    }
+
+    /// Puts a reclaimed entry on the slot's free list (poisoned), or deallocates it beyond
+    /// [`Params::free_cap`].
+    ///
+    /// # Safety
+    ///
+    /// `e` came from `Box::into_raw` in `alloc` and no thread can reach it any more.
+    unsafe fn recycle(&self, local: &mut SlotLocal, e: *mut Entry) {
+        if local.free.len() < self.params.free_cap {
+            // SAFETY: the caller guarantees `e` is live and unreachable: ours alone.
+            unsafe { &*e }.state.store(POISON | OBSOLETE, SeqCst);
+            local.free.push(e);
+        } else {
+            // SAFETY: as above, and it came from `Box::into_raw` (the caller's guarantee).
+            drop(unsafe { Box::from_raw(e) });
+            self.allocated.fetch_sub(1, SeqCst);
         }
     }
 
@@ -811,8 +807,8 @@ impl LatchFreeLockTable {
             .is_ok()
     }
 
-    /// Kills the idle lock heads of bucket `b` and unlinks every dead one.
-    fn sweep_bucket(&self, g: &Guard<'_>, b: usize) {
+    /// Unlinks every dead lock head of bucket `b`, killing the idle ones first if `kill`.
+    fn sweep_bucket(&self, g: &Guard<'_>, b: usize, kill: bool) {
         let bucket = &self.buckets[b];
         'restart: loop {
             let mut link = bucket;
@@ -828,7 +824,7 @@ impl LatchFreeLockTable {
                     Step::Reload => continue,
                     Step::Restart => continue 'restart,
                 }
-                if self.try_kill(h, b) {
+                if kill && self.try_kill(h, b) {
                     continue; // unlink it
                 }
                 link = &h.next;
@@ -1427,9 +1423,9 @@ impl LockTable for LatchFreeLockTable {
         // Eager kill: a lock head whose last request just became obsolete is killed and
         // unlinked now rather than by the next sweep, so the bucket lists hold about as many
         // heads as there are held or awaited locks and lookups stay in cache.
-        if self.may_kill(&guard) && self.try_kill(h, self.bucket_index(id)) {
-            // The lookup finds no live head and unlinks every dead one on its way.
-            let _ = self.find_head(&guard, id, false);
+        let b = self.bucket_of(h.hash);
+        if self.may_kill(&guard) && self.try_kill(h, b) {
+            self.sweep_bucket(&guard, b, false);
         }
     }
 

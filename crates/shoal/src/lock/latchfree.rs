@@ -108,8 +108,10 @@
 //! is live per id), and every traversal helps unlink dead heads as in Michael's list: mark
 //! the dead head's `next` (frozen: nothing is appended after it or unlinked through it any
 //! more), then CAS the predecessor's unmarked link. The thread whose CAS unlinks a head
-//! retires it into its slot's bag, and it is freed with the entries still on its list under
-//! the same epoch condition as entries. A killed head's early-lock-release tag is first
+//! retires it into its slot's bag, and it is reclaimed with the entries still on its list under
+//! the same epoch condition as entries: into the slot's pool of free lock heads (up to
+//! [`FREE_CAP`], its key buffer reused by the next head of a key of the same length), freed
+//! beyond that. A killed head's early-lock-release tag is first
 //! folded into a per-stripe floor of buckets, which `tag` includes (the trait allows a tag
 //! shared with other resources).
 //!

@@ -215,7 +215,7 @@ pub trait LockTable: Send + Sync {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LockTableFootprint {
     /// Lock names with a queue or lock head allocated (the latch-free table counts idle
-    /// heads not yet reclaimed too).
+    /// heads not yet reclaimed and reclaimed heads pooled for reuse too).
     pub heads: usize,
     /// Request entries allocated (the latch-free table counts its free lists too).
     pub entries: usize,

@@ -33,8 +33,12 @@ pub const WAIT_REGISTRY: usize = 1024;
 pub const ALLOC_BATCH: usize = 32;
 /// Retired entries a slot collects before it tries to advance the epoch and reclaim.
 pub const RETIRE_BATCH: usize = 64;
-/// Free entries a slot keeps for reuse; beyond that reclaimed entries are deallocated.
-pub const FREE_CAP: usize = 128;
+/// Free entries (and, separately, free lock heads) a slot keeps for reuse; beyond that
+/// reclaimed ones are deallocated. Sized for the burst a slot reclaims at once after a
+/// descheduled thread held the epoch back: with a small pool (128) that burst went back to the
+/// allocator and the next one came fresh from it, cold pages and cross-thread frees included
+/// (txbench read-only at MPL 4: 20% of the time in reclamation and the allocator).
+pub const FREE_CAP: usize = 8192;
 /// Lock heads a slot creates between two sweep steps over the buckets. (64 swept so often
 /// that hot heads kept being killed and recreated: txbench read-only at MPL 512 fell from
 /// about 120k to 5k-48k tps; 1024 measured like no sweeping at all.)
@@ -238,6 +242,12 @@ struct SlotLocal {
     graveyard: Vec<*mut LockHead>,
     /// Reclaimed entries ready for reuse.
     free: Vec<*mut Entry>,
+    /// Reclaimed lock heads ready for reuse (unless [`Params::poison_heads`]).
+    free_heads: Vec<*mut LockHead>,
+    /// The slot that held the epoch back at the last failed advance: checked first next time,
+    /// so that a reclamation attempt during a long stall costs one load, not a scan of every
+    /// slot.
+    blocker: usize,
     /// Kills refused since the last reclamation attempt (see `may_kill`).
     refused: usize,
     /// Bag size at which the next reclamation attempt runs (a failed attempt, with the
@@ -254,6 +264,8 @@ struct Slot {
     /// lock once idle heads are killed at unlock).
     heads_made: AtomicUsize,
     heads_freed: AtomicUsize,
+    /// Lock heads in this slot's free list (written only by the slot's occupant).
+    heads_pooled: AtomicUsize,
     local: UnsafeCell<SlotLocal>,
 }
 
@@ -394,6 +406,7 @@ impl LatchFreeLockTable {
                         pin: AtomicU64::new(0),
                         heads_made: AtomicUsize::new(0),
                         heads_freed: AtomicUsize::new(0),
+                        heads_pooled: AtomicUsize::new(0),
                         local: UnsafeCell::new(SlotLocal::default()),
                     })
                 })
@@ -437,8 +450,8 @@ impl LatchFreeLockTable {
         n
     }
 
-    /// Number of lock heads allocated: linked in a bucket (live or dead) or retired and not
-    /// reclaimed yet.
+    /// Number of lock heads in use: linked in a bucket (live or dead) or retired and not
+    /// reclaimed yet. Reclaimed heads kept for reuse are [`pooled_heads`](Self::pooled_heads).
     pub fn allocated_heads(&self) -> usize {
         let (made, freed) = self.slots.iter().fold((0usize, 0usize), |(m, f), s| {
             (
@@ -447,6 +460,11 @@ impl LatchFreeLockTable {
             )
         });
         made.wrapping_sub(freed)
+    }
+
+    /// Number of reclaimed lock heads kept allocated in the slots' free lists for reuse.
+    pub fn pooled_heads(&self) -> usize {
+        self.slots.iter().map(|s| s.heads_pooled.load(SeqCst)).sum()
     }
 
     /// Number of live (not killed) lock heads linked in the buckets.
@@ -521,7 +539,7 @@ impl LatchFreeLockTable {
             g.local().created = 0;
         }
         for _ in 0..2 {
-            self.try_advance();
+            self.try_advance(&mut 0);
         }
         for slot in 0..self.slots.len() {
             let e = self.epoch.load(SeqCst);
@@ -604,14 +622,21 @@ impl LatchFreeLockTable {
         g.local().heads.len() < KILL_BACKLOG
     }
 
-    /// Advances the global epoch if every pinned operation has seen it.
-    fn try_advance(&self) -> u64 {
+    /// Advances the global epoch if every pinned operation has seen it. `blocker` is the slot
+    /// that held it back last time: it is checked first (while a descheduled thread stays
+    /// pinned, that one load is the whole attempt) and updated when another slot blocks.
+    fn try_advance(&self, blocker: &mut usize) -> u64 {
         let e = self.epoch.load(SeqCst);
-        for s in self.slots.iter() {
-            let p = s.pin.load(SeqCst);
-            if p & 1 == 1 && p >> 1 != e {
-                return e;
-            }
+        let behind = |i: usize| {
+            let p = self.slots[i].pin.load(SeqCst);
+            p & 1 == 1 && p >> 1 != e
+        };
+        if *blocker < self.slots.len() && behind(*blocker) {
+            return e;
+        }
+        if let Some(i) = (0..self.slots.len()).find(|&i| behind(i)) {
+            *blocker = i;
+            return e;
         }
         match self.epoch.compare_exchange(e, e + 1, SeqCst, SeqCst) {
             Ok(_) => e + 1,
@@ -639,7 +664,7 @@ impl LatchFreeLockTable {
         let current = self.epoch.load(SeqCst);
         let now = match oldest {
             Some(e) if e + 2 <= current => current,
-            _ => self.try_advance(),
+            _ => self.try_advance(&mut local.blocker),
         };
         let local = g.local();
         while let Some(&(epoch, hp)) = local.heads.front() {
@@ -665,6 +690,10 @@ impl LatchFreeLockTable {
             if self.params.poison_heads {
                 h.poison.store(1, SeqCst);
                 local.graveyard.push(Box::into_raw(h));
+            } else if local.free_heads.len() < self.params.free_cap {
+                local.free_heads.push(Box::into_raw(h));
+                let pooled = &self.slots[g.slot].heads_pooled;
+                pooled.store(local.free_heads.len(), SeqCst);
             } else {
                 drop(h);
             }
@@ -854,15 +883,7 @@ impl LatchFreeLockTable {
                         continue 'restart; // the last head is dead: nothing goes after it
                     }
                     if fresh.is_null() {
-                        fresh = Box::into_raw(Box::new(LockHead {
-                            hash,
-                            id: id.clone(),
-                            next: AtomicPtr::new(ptr::null_mut()),
-                            first: AtomicPtr::new(ptr::null_mut()),
-                            tail: AtomicPtr::new(ptr::null_mut()),
-                            tag: AtomicU64::new(0),
-                            poison: AtomicU32::new(0),
-                        }));
+                        fresh = self.new_head(g, hash, id);
                     }
                     if link
                         .compare_exchange(ptr::null_mut(), fresh, SeqCst, SeqCst)
@@ -886,14 +907,53 @@ impl LatchFreeLockTable {
                 }
                 if h.hash == hash && h.id == *id {
                     if !fresh.is_null() {
-                        // SAFETY: `fresh` was never published.
-                        drop(unsafe { Box::from_raw(fresh) });
+                        // `fresh` was never published: back to the pool.
+                        let local = g.local();
+                        local.free_heads.push(fresh);
+                        let pooled = &self.slots[g.slot].heads_pooled;
+                        pooled.store(local.free_heads.len(), SeqCst);
                     }
                     return Some(h);
                 }
                 link = &h.next;
             }
         }
+    }
+
+    /// An unpublished lock head for `id`, owned by the caller: a reclaimed one from the slot's
+    /// pool (its key buffer reused when the length matches), else a fresh allocation.
+    fn new_head(&self, g: &Guard<'_>, hash: u64, id: &LockId) -> *mut LockHead {
+        let local = g.local();
+        let Some(hp) = local.free_heads.pop() else {
+            return Box::into_raw(Box::new(LockHead {
+                hash,
+                id: id.clone(),
+                next: AtomicPtr::new(ptr::null_mut()),
+                first: AtomicPtr::new(ptr::null_mut()),
+                tail: AtomicPtr::new(ptr::null_mut()),
+                tag: AtomicU64::new(0),
+                poison: AtomicU32::new(0),
+            }));
+        };
+        self.slots[g.slot]
+            .heads_pooled
+            .store(local.free_heads.len(), SeqCst);
+        // SAFETY: a pooled head was reclaimed (no pinned operation can reach it) or never
+        // published: this slot's occupant owns it exclusively.
+        let h = unsafe { &mut *hp };
+        h.hash = hash;
+        match (&mut h.id, id) {
+            (LockId::Key(t, k), LockId::Key(nt, nk)) if k.len() == nk.len() => {
+                *t = *nt;
+                k.copy_from_slice(nk);
+            }
+            (old, _) => *old = id.clone(),
+        }
+        h.next.store(ptr::null_mut(), SeqCst);
+        h.first.store(ptr::null_mut(), SeqCst);
+        h.tail.store(ptr::null_mut(), SeqCst);
+        h.tag.store(0, SeqCst);
+        hp
     }
 
     /// Visits every lock head linked in a bucket, live or dead. Must be pinned (or own the
@@ -1381,7 +1441,7 @@ impl LatchFreeLockTable {
 impl LockTable for LatchFreeLockTable {
     fn footprint(&self) -> LockTableFootprint {
         LockTableFootprint {
-            heads: self.allocated_heads(),
+            heads: self.allocated_heads() + self.pooled_heads(),
             entries: self.allocated_entries(),
         }
     }
@@ -1489,6 +1549,11 @@ impl Drop for LatchFreeLockTable {
             for e in local.free.drain(..) {
                 // SAFETY: free entries are owned by the free list.
                 drop(unsafe { Box::from_raw(e) });
+            }
+            for h in local.free_heads.drain(..) {
+                // SAFETY: pooled heads are owned by the free list; their entries were
+                // recycled when they were reclaimed.
+                drop(unsafe { Box::from_raw(h) });
             }
         }
     }

@@ -902,6 +902,14 @@ fn measure<W: Workload>(
         (f.heads, f.entries)
     };
     let lock_start = footprint(db);
+    let gauges = || {
+        let (lock_heads, lock_entries) = footprint(db);
+        crate::interval::Gauges {
+            rss_kb: rss::current_kb(),
+            lock_heads,
+            lock_entries,
+        }
+    };
     let mut lock_end = lock_start;
     let mut dop = crate::workloads::doppel_args::DoppelSampler::new(db);
     let mut dop_end = None;
@@ -959,12 +967,12 @@ fn measure<W: Workload>(
                 dop_end = dop.finish(db);
                 ctl.phase.store(STOP, Ordering::Release);
                 if let (Some(s), Some(p)) = (&mut sampler, &ctl.probe) {
-                    s.finish(now, commits_now(&ctl), p);
+                    s.finish(now, commits_now(&ctl), p, gauges);
                 }
                 break now - measure_start.unwrap_or(now);
             }
             if let (Some(s), Some(p)) = (&mut sampler, &ctl.probe) {
-                s.tick(now, commits_now(&ctl), p);
+                s.tick(now, commits_now(&ctl), p, gauges);
             }
             if now - last_tick >= Duration::from_secs(1) {
                 let c: u64 = ctl

@@ -91,6 +91,24 @@ pub struct Sample {
     pub aborts: u64,
     /// 99th percentile latency of this interval's commits, microseconds (0 if none).
     pub p99_us: f64,
+    /// Resident set size of the process at the end of the interval, KiB (if known).
+    pub rss_kb: Option<u64>,
+    /// The lock table's lock names (queues or lock heads, pooled ones included) at the end of
+    /// the interval.
+    pub lock_heads: usize,
+    /// The lock table's allocated request entries at the end of the interval.
+    pub lock_entries: usize,
+}
+
+/// Gauges read at the end of each interval (memory, rather than rates).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Gauges {
+    /// Resident set size, KiB.
+    pub rss_kb: Option<u64>,
+    /// Lock names with a queue or lock head allocated.
+    pub lock_heads: usize,
+    /// Lock request entries allocated.
+    pub lock_entries: usize,
 }
 
 /// A counter on its own cache line.
@@ -196,21 +214,27 @@ impl Sampler {
 
     /// Called by the control loop with the time and the commit counter: closes an interval
     /// when one is due.
-    pub fn tick(&mut self, now: Instant, commits: u64, probe: &Probe) {
+    pub fn tick(&mut self, now: Instant, commits: u64, probe: &Probe, gauges: impl Fn() -> Gauges) {
         if self.start.is_some() && now - self.last >= self.every {
-            self.cut(now, commits, probe);
+            self.cut(now, commits, probe, gauges());
         }
     }
 
     /// The measurement window ended at `now`: closes the last, possibly shorter, interval
     /// (unless it is shorter than a millisecond).
-    pub fn finish(&mut self, now: Instant, commits: u64, probe: &Probe) {
+    pub fn finish(
+        &mut self,
+        now: Instant,
+        commits: u64,
+        probe: &Probe,
+        gauges: impl Fn() -> Gauges,
+    ) {
         if self.start.is_some() && now - self.last >= Duration::from_millis(1) {
-            self.cut(now, commits, probe);
+            self.cut(now, commits, probe, gauges());
         }
     }
 
-    fn cut(&mut self, now: Instant, commits: u64, probe: &Probe) {
+    fn cut(&mut self, now: Instant, commits: u64, probe: &Probe, g: Gauges) {
         let Some(start) = self.start else { return };
         let secs = (now - self.last).as_secs_f64();
         let n = commits.saturating_sub(self.last_commits);
@@ -231,11 +255,18 @@ impl Sampler {
             } else {
                 (lat.value_at_quantile(0.99) as f64 / 100.0).round() / 10.0
             },
+            rss_kb: g.rss_kb,
+            lock_heads: g.lock_heads,
+            lock_entries: g.lock_entries,
         };
         if self.print {
+            let rss = s
+                .rss_kb
+                .map_or_else(|| "?".to_string(), |k| format!("{:.0}", k as f64 / 1024.0));
             println!(
-                "  t={:>8.2}s  tps={:>10.0}  p99={:>10.1}us  aborts={}",
-                s.t_s, s.tps, s.p99_us, s.aborts
+                "  t={:>8.2}s  tps={:>10.0}  p99={:>10.1}us  aborts={}  rss={rss}MiB  \
+                 lock heads={} entries={}",
+                s.t_s, s.tps, s.p99_us, s.aborts, s.lock_heads, s.lock_entries
             );
         }
         self.last = now;
@@ -274,7 +305,7 @@ pub fn render_csv(runs: &[(String, Point, Vec<Sample>)]) -> String {
         out.push(',');
         out.push_str(&crate::sweep::json_name(c));
     }
-    out.push_str(",t_s,commits,total_commits,tps,aborts,p99_us\n");
+    out.push_str(",t_s,commits,total_commits,tps,aborts,p99_us,rss_kb,lock_heads,lock_entries\n");
     for (i, (workload, p, samples)) in runs.iter().enumerate() {
         let mut prefix = format!("{i},{}", csv_field(workload));
         for c in &cols {
@@ -286,8 +317,16 @@ pub fn render_csv(runs: &[(String, Point, Vec<Sample>)]) -> String {
         for s in samples {
             let _ = writeln!(
                 out,
-                "{prefix},{},{},{},{},{},{}",
-                s.t_s, s.commits, s.total_commits, s.tps, s.aborts, s.p99_us
+                "{prefix},{},{},{},{},{},{},{},{},{}",
+                s.t_s,
+                s.commits,
+                s.total_commits,
+                s.tps,
+                s.aborts,
+                s.p99_us,
+                s.rss_kb.map_or_else(String::new, |k| k.to_string()),
+                s.lock_heads,
+                s.lock_entries
             );
         }
     }
@@ -321,10 +360,15 @@ mod tests {
         probe.commit(0, 1_000);
         probe.commit(1, 2_000_000);
         probe.abort(1);
-        s.tick(t0 + Duration::from_millis(50), 12, &probe);
+        let gauges = || Gauges {
+            rss_kb: Some(2048),
+            lock_heads: 3,
+            lock_entries: 4,
+        };
+        s.tick(t0 + Duration::from_millis(50), 12, &probe, gauges);
         assert!(s.samples.is_empty());
-        s.tick(t0 + Duration::from_millis(100), 12, &probe);
-        s.finish(t0 + Duration::from_millis(150), 13, &probe);
+        s.tick(t0 + Duration::from_millis(100), 12, &probe, gauges);
+        s.finish(t0 + Duration::from_millis(150), 13, &probe, gauges);
         assert_eq!(s.samples.len(), 2);
         let a = &s.samples[0];
         assert_eq!((a.commits, a.total_commits, a.aborts), (2, 2, 1));
@@ -336,6 +380,7 @@ mod tests {
             (1, 3, 0, 0.0)
         );
         assert_eq!(b.t_s, 0.15);
+        assert_eq!((b.rss_kb, b.lock_heads, b.lock_entries), (Some(2048), 3, 4));
     }
 
     #[test]
@@ -347,6 +392,9 @@ mod tests {
             tps: 5.0,
             aborts: 0,
             p99_us: 1.5,
+            rss_kb: Some(100),
+            lock_heads: 7,
+            lock_entries: 8,
         };
         let runs = vec![
             (
@@ -370,11 +418,12 @@ mod tests {
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(
             lines[0],
-            "run,workload,threads,read_ratio,dist,t_s,commits,total_commits,tps,aborts,p99_us"
+            "run,workload,threads,read_ratio,dist,t_s,commits,total_commits,tps,aborts,p99_us,\
+             rss_kb,lock_heads,lock_entries"
         );
         assert_eq!(lines.len(), 4);
-        assert_eq!(lines[1], "0,tpcb,1,0.5,,1,5,5,5,0,1.5");
-        assert_eq!(lines[3], "1,tpcb,2,,\"a,b\",1,5,5,5,0,1.5");
+        assert_eq!(lines[1], "0,tpcb,1,0.5,,1,5,5,5,0,1.5,100,7,8");
+        assert_eq!(lines[3], "1,tpcb,2,,\"a,b\",1,5,5,5,0,1.5,100,7,8");
     }
 
     #[test]

@@ -281,6 +281,10 @@ pub(crate) struct DbInner {
     pub(crate) next_txn: AtomicU64,
     pub(crate) serial: Mutex<()>,
     pub(crate) tables: RwLock<HashMap<String, Table>>,
+    /// The same tables by id, append-only: a transaction borrows its tables from here for the
+    /// database's lifetime instead of cloning each handle's `Arc` (a shared reference count
+    /// bounced between cores on every transaction).
+    pub(crate) by_id: TableSlots,
     dir: Option<PathBuf>,
     pub(crate) log: Option<LogBuffer>,
     pub(crate) log_mode: LogMode,
@@ -290,6 +294,60 @@ pub(crate) struct DbInner {
     _dir_lock: Option<std::fs::File>,
     /// The Doppel runtime (`cc == Doppel` only).
     pub(crate) doppel: Option<crate::doppel::DoppelHandle>,
+}
+
+/// Table ids a database can hold (ids are dense from 1).
+pub(crate) const MAX_TABLES: usize = TABLE_CHUNK * TABLE_CHUNKS;
+const TABLE_CHUNK: usize = 256;
+const TABLE_CHUNKS: usize = 256;
+
+/// Append-only map from table id to table, with stable addresses: a slot is set once and
+/// never cleared, so `get` hands out references that live as long as the database.
+pub(crate) struct TableSlots {
+    chunks: Box<[std::sync::OnceLock<TableChunk>]>,
+}
+
+/// `TABLE_CHUNK` consecutive table ids.
+type TableChunk = Box<[std::sync::OnceLock<Table>]>;
+
+impl TableSlots {
+    /// Slots holding `tables` (recovery refuses ids of [`MAX_TABLES`] or more).
+    fn with<'t>(tables: impl Iterator<Item = &'t Table>) -> TableSlots {
+        let slots = TableSlots {
+            chunks: (0..TABLE_CHUNKS)
+                .map(|_| std::sync::OnceLock::new())
+                .collect(),
+        };
+        for t in tables {
+            let _ = slots.set(t);
+        }
+        slots
+    }
+
+    /// Records `t` under its id (a second table with the same id keeps the first).
+    fn set(&self, t: &Table) -> Result<()> {
+        let id = t.inner.id as usize;
+        let chunk = self
+            .chunks
+            .get(id / TABLE_CHUNK)
+            .ok_or_else(|| Error::InvalidTableName {
+                name: t.inner.name.clone(),
+                reason: "too many tables",
+            })?
+            .get_or_init(|| {
+                (0..TABLE_CHUNK)
+                    .map(|_| std::sync::OnceLock::new())
+                    .collect()
+            });
+        let _ = chunk[id % TABLE_CHUNK].set(t.clone());
+        Ok(())
+    }
+
+    /// The table with id `id`, borrowed for as long as `self`.
+    pub(crate) fn get(&self, id: TableId) -> Option<&Table> {
+        let id = id as usize;
+        self.chunks.get(id / TABLE_CHUNK)?.get()?[id % TABLE_CHUNK].get()
+    }
 }
 
 impl DbInner {
@@ -513,6 +571,7 @@ impl Database {
                 lil,
                 next_txn: AtomicU64::new(1),
                 serial: Mutex::new(()),
+                by_id: TableSlots::with(tables.values()),
                 tables: RwLock::new(tables),
                 dir,
                 log,
@@ -775,10 +834,13 @@ impl Database {
                 name: name.to_string(),
             });
         }
-        let id = TableId::try_from(tables.len() + 1).map_err(|_| Error::InvalidTableName {
-            name: name.to_string(),
-            reason: "too many tables",
-        })?;
+        let id = TableId::try_from(tables.len() + 1)
+            .ok()
+            .filter(|&id| (id as usize) < MAX_TABLES)
+            .ok_or_else(|| Error::InvalidTableName {
+                name: name.to_string(),
+                reason: "too many tables",
+            })?;
         if let Some(log) = &self.inner.log {
             let rec = LogRecord::CreateTable {
                 id,
@@ -788,6 +850,7 @@ impl Database {
             log.wait_durable(end)?;
         }
         let t = new_table(id, name, self.inner.id);
+        self.inner.by_id.set(&t)?;
         tables.insert(name.to_string(), t.clone());
         Ok(t)
     }
@@ -1063,6 +1126,17 @@ fn recover(
         |by_id: &mut BTreeMap<TableId, Table>, rec: LogRecord, at: (&Path, u64)| -> Result<u64> {
             match rec {
                 LogRecord::CreateTable { id, name } => {
+                    if id as usize >= MAX_TABLES {
+                        return Err(Error::Corrupt {
+                            path: at.0.to_path_buf(),
+                            offset: at.1,
+                            detail: format!(
+                                "a create-table record names table id {id}, beyond the limit of \
+                                 {} tables",
+                                MAX_TABLES - 1
+                            ),
+                        });
+                    }
                     by_id
                         .entry(id)
                         .or_insert_with(|| new_table(id, &name, db_id));
@@ -1152,4 +1226,31 @@ fn recover(
         .map(|t| (t.inner.name.clone(), t))
         .collect();
     Ok((tables, stats))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_slots_hand_out_the_table_of_each_id_and_refuse_ids_past_the_limit() {
+        let a = new_table(1, "a", 7);
+        let b = new_table(300, "b", 7);
+        let slots = TableSlots::with([&a].into_iter());
+        slots.set(&b).unwrap();
+        assert_eq!(slots.get(1).map(|t| t.inner.name.as_str()), Some("a"));
+        assert_eq!(slots.get(300).map(|t| t.inner.name.as_str()), Some("b"));
+        assert!(slots.get(2).is_none());
+        assert!(slots.get(299).is_none());
+        // A second table under a taken id keeps the first.
+        slots.set(&new_table(1, "c", 7)).unwrap();
+        assert_eq!(slots.get(1).map(|t| t.inner.name.as_str()), Some("a"));
+        let far = new_table(MAX_TABLES as TableId, "far", 7);
+        assert!(matches!(
+            slots.set(&far),
+            Err(Error::InvalidTableName { .. })
+        ));
+        assert!(slots.get(MAX_TABLES as TableId).is_none());
+        assert!(slots.get(TableId::MAX).is_none());
+    }
 }

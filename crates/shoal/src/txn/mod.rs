@@ -146,7 +146,9 @@ pub struct Transaction<'db> {
     held: FxHashMap<LockId, LockMode>,
     /// Intent locks held in the lightweight intent lock table (when it is on).
     intents: PrivateIntents,
-    tables: Vec<Table>,
+    /// The tables this transaction used, borrowed from the database's append-only registry
+    /// (`DbInner::by_id`); operations name them by their index here.
+    tables: Vec<&'db Table>,
     undo: Vec<Undo>,
     /// Keys this transaction turned into ghosts (deleted, or inserted and then aborted):
     /// candidates for removal once its locks are gone.
@@ -261,11 +263,11 @@ fn has_exclusive(m: LockMode) -> bool {
 fn collect_ghosts(
     locks: &dyn LockTable,
     locking: bool,
-    tables: &[Table],
+    tables: &[impl std::borrow::Borrow<Table>],
     ghosts: Vec<(u16, Box<[u8]>)>,
 ) {
     for (slot, key) in ghosts {
-        let table = &tables[slot as usize];
+        let table: &Table = tables[slot as usize].borrow();
         let id = LockId::Key(table.inner.id, key);
         let LockId::Key(_, k) = &id else { continue };
         table.inner.tree.update(k, |rec| {
@@ -379,7 +381,15 @@ impl<'db> Transaction<'db> {
         {
             return Ok(i as u16);
         }
-        self.tables.push(table.clone());
+        let t = self
+            .db
+            .inner
+            .by_id
+            .get(table.inner.id)
+            .ok_or_else(|| Error::NoSuchTable {
+                name: table.inner.name.clone(),
+            })?;
+        self.tables.push(t);
         Ok((self.tables.len() - 1) as u16)
     }
 
@@ -1275,7 +1285,8 @@ impl<'db> Transaction<'db> {
                 let mut intents = std::mem::take(&mut self.intents);
                 let lil = inner.lil.clone();
                 let ghosts = std::mem::take(&mut self.ghosts);
-                let tables = self.tables.clone();
+                // Owned handles: the callback outlives this borrow of the database.
+                let tables: Vec<Table> = self.tables.iter().map(|&t| t.clone()).collect();
                 let locks = std::sync::Arc::clone(&inner.locks);
                 let (id, locking) = (self.id, self.locking);
                 // The thread's flush pipeline grows until this commit is durable (the
@@ -1467,10 +1478,11 @@ fn decode_i64(key: &[u8], v: &[u8]) -> Result<i64> {
 /// Renders a lock name for error messages, naming tables from the transaction's own `tables`
 /// or else from the database's (`all`: tables locked with `lock_table` only are not in the
 /// transaction's list).
-fn describe(tables: &[Table], all: &HashMap<String, Table>, id: &LockId) -> String {
+fn describe(tables: &[&Table], all: &HashMap<String, Table>, id: &LockId) -> String {
     let name = |tid: u32| {
         tables
             .iter()
+            .copied()
             .chain(all.values())
             .find(|t| t.inner.id == tid)
             .map_or_else(|| format!("table#{tid}"), |t| format!("{:?}", t.inner.name))

@@ -231,8 +231,8 @@ fn empty_range(lo: Bound<&[u8]>, hi: Bound<&[u8]>) -> bool {
     }
 }
 
-fn table_of(tables: &[Table], slot: u16) -> &Table {
-    &tables[slot as usize]
+fn table_of<'t>(tables: &[&'t Table], slot: u16) -> &'t Table {
+    tables[slot as usize]
 }
 
 /// Takes the lock bit of `key` for `w`; false if another committer holds it.
@@ -279,7 +279,7 @@ fn unlock_one(tree: &BTree, key: &[u8], w: &mut WriteEntry) {
     w.created = false;
 }
 
-fn unlock_all(tables: &[Table], st: &mut OccState) {
+fn unlock_all(tables: &[&Table], st: &mut OccState) {
     for m in st.writes.values_mut() {
         for (key, w) in m.iter_mut() {
             unlock_one(&table_of(tables, w.slot).inner.tree, key, w);
@@ -304,7 +304,7 @@ fn unchanged(seen: Seen, rec: Option<&Record>, ours: Option<&WriteEntry>) -> boo
 }
 
 /// Checks the read set and the scan sets; describes the first failure.
-fn validate(tables: &[Table], st: &OccState) -> std::result::Result<(), Failure> {
+fn validate(tables: &[&Table], st: &OccState) -> std::result::Result<(), Failure> {
     for r in &st.reads {
         let t = table_of(tables, r.slot);
         let ours = st.own(t.inner.id, &r.key);
@@ -512,7 +512,7 @@ impl Transaction<'_> {
         lo: Bound<&[u8]>,
         hi: Bound<&[u8]>,
     ) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
-        let table = table_of(&self.tables, slot).clone();
+        let table = table_of(&self.tables, slot);
         let tree = &table.inner.tree;
         let mut seen = Vec::new();
         let mut out = Vec::new();

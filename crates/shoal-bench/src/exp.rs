@@ -1092,9 +1092,7 @@ mod tests {
             tps: 10.0,
             aborts: 0,
             p99_us: 1.0,
-            rss_kb: None,
-            lock_heads: 0,
-            lock_entries: 0,
+            gauges: Default::default(),
         };
         let done: Vec<Done> = ["kill-short", "kill-long"]
             .into_iter()
@@ -1134,9 +1132,7 @@ mod tests {
             tps: 100.0,
             aborts: 0,
             p99_us: 1.0,
-            rss_kb: None,
-            lock_heads: 0,
-            lock_entries: 0,
+            gauges: Default::default(),
         };
         let done: Vec<Done> = ["0", "1"]
             .into_iter()

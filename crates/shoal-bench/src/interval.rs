@@ -91,21 +91,18 @@ pub struct Sample {
     pub aborts: u64,
     /// 99th percentile latency of this interval's commits, microseconds (0 if none).
     pub p99_us: f64,
-    /// Resident set size of the process at the end of the interval, KiB (if known).
-    pub rss_kb: Option<u64>,
-    /// The lock table's lock names (queues or lock heads, pooled ones included) at the end of
-    /// the interval.
-    pub lock_heads: usize,
-    /// The lock table's allocated request entries at the end of the interval.
-    pub lock_entries: usize,
+    /// Memory gauges read at the end of the interval.
+    #[serde(flatten)]
+    pub gauges: Gauges,
 }
 
 /// Gauges read at the end of each interval (memory, rather than rates).
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
 pub struct Gauges {
     /// Resident set size, KiB.
     pub rss_kb: Option<u64>,
-    /// Lock names with a queue or lock head allocated.
+    /// The lock table's lock names with a queue or lock head allocated (the latch-free
+    /// table's pooled heads included).
     pub lock_heads: usize,
     /// Lock request entries allocated.
     pub lock_entries: usize,
@@ -255,18 +252,17 @@ impl Sampler {
             } else {
                 (lat.value_at_quantile(0.99) as f64 / 100.0).round() / 10.0
             },
-            rss_kb: g.rss_kb,
-            lock_heads: g.lock_heads,
-            lock_entries: g.lock_entries,
+            gauges: g,
         };
         if self.print {
-            let rss = s
+            let g = &s.gauges;
+            let rss = g
                 .rss_kb
                 .map_or_else(|| "?".to_string(), |k| format!("{:.0}", k as f64 / 1024.0));
             println!(
                 "  t={:>8.2}s  tps={:>10.0}  p99={:>10.1}us  aborts={}  rss={rss}MiB  \
                  lock heads={} entries={}",
-                s.t_s, s.tps, s.p99_us, s.aborts, s.lock_heads, s.lock_entries
+                s.t_s, s.tps, s.p99_us, s.aborts, g.lock_heads, g.lock_entries
             );
         }
         self.last = now;
@@ -324,9 +320,9 @@ pub fn render_csv(runs: &[(String, Point, Vec<Sample>)]) -> String {
                 s.tps,
                 s.aborts,
                 s.p99_us,
-                s.rss_kb.map_or_else(String::new, |k| k.to_string()),
-                s.lock_heads,
-                s.lock_entries
+                s.gauges.rss_kb.map_or_else(String::new, |k| k.to_string()),
+                s.gauges.lock_heads,
+                s.gauges.lock_entries
             );
         }
     }
@@ -380,7 +376,7 @@ mod tests {
             (1, 3, 0, 0.0)
         );
         assert_eq!(b.t_s, 0.15);
-        assert_eq!((b.rss_kb, b.lock_heads, b.lock_entries), (Some(2048), 3, 4));
+        assert_eq!(b.gauges, gauges());
     }
 
     #[test]
@@ -392,9 +388,11 @@ mod tests {
             tps: 5.0,
             aborts: 0,
             p99_us: 1.5,
-            rss_kb: Some(100),
-            lock_heads: 7,
-            lock_entries: 8,
+            gauges: Gauges {
+                rss_kb: Some(100),
+                lock_heads: 7,
+                lock_entries: 8,
+            },
         };
         let runs = vec![
             (

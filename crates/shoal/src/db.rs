@@ -353,11 +353,7 @@ impl TableSlots {
 impl DbInner {
     /// The table with this id.
     pub(crate) fn table_by_id(&self, id: TableId) -> Option<Table> {
-        self.tables
-            .read()
-            .values()
-            .find(|t| t.inner.id == id)
-            .cloned()
+        self.by_id.get(id).cloned()
     }
 
     /// The Doppel runtime, if this database runs Doppel.

@@ -33,7 +33,6 @@
 //! did not exist becomes a ghost).
 
 use std::cell::Cell;
-use std::collections::HashMap;
 use std::ops::{Bound, Range, RangeFrom, RangeFull, RangeInclusive, RangeTo, RangeToInclusive};
 use std::time::Duration;
 
@@ -42,7 +41,7 @@ use std::sync::Arc;
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use rustc_hash::{FxHashMap, FxHashSet};
 
-use crate::db::{ConcurrencyControl, Database, Elr, LogMode, Table};
+use crate::db::{ConcurrencyControl, Database, Elr, LogMode, Table, TableSlots};
 use crate::error::{show_key, Error, Result};
 use crate::lock::intent::PrivateIntents;
 use crate::lock::modes::{cursor_mode, CursorDir, CursorStep, Part};
@@ -403,7 +402,7 @@ impl<'db> Transaction<'db> {
     }
 
     fn lock_error(&self, id: &LockId, f: LockFailure) -> Error {
-        let resource = describe(&self.tables, &self.db.inner.tables.read(), id);
+        let resource = describe(&self.db.inner.by_id, id);
         let blocker = |b: Option<TxnId>| b.map_or_else(|| "?".to_string(), |b| format!("txn {b}"));
         match f {
             LockFailure::Deadlock { blocker: b } => Error::Deadlock {
@@ -1478,13 +1477,10 @@ fn decode_i64(key: &[u8], v: &[u8]) -> Result<i64> {
 /// Renders a lock name for error messages, naming tables from the transaction's own `tables`
 /// or else from the database's (`all`: tables locked with `lock_table` only are not in the
 /// transaction's list).
-fn describe(tables: &[&Table], all: &HashMap<String, Table>, id: &LockId) -> String {
+fn describe(tables: &TableSlots, id: &LockId) -> String {
     let name = |tid: u32| {
         tables
-            .iter()
-            .copied()
-            .chain(all.values())
-            .find(|t| t.inner.id == tid)
+            .get(tid)
             .map_or_else(|| format!("table#{tid}"), |t| format!("{:?}", t.inner.name))
     };
     match id {

@@ -15,7 +15,8 @@ use rustc_hash::FxBuildHasher;
 
 use super::sync::{
     current, fence, park_timeout, yield_now, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize,
-    Ordering::SeqCst, Thread,
+    Ordering::{Relaxed, SeqCst},
+    Thread,
 };
 use super::{DeadlockPolicy, LockFailure, LockId, LockMode, LockTable, LockTableFootprint, TxnId};
 
@@ -464,7 +465,10 @@ impl LatchFreeLockTable {
 
     /// Number of reclaimed lock heads kept allocated in the slots' free lists for reuse.
     pub fn pooled_heads(&self) -> usize {
-        self.slots.iter().map(|s| s.heads_pooled.load(SeqCst)).sum()
+        self.slots
+            .iter()
+            .map(|s| s.heads_pooled.load(Relaxed))
+            .sum()
     }
 
     /// Number of live (not killed) lock heads linked in the buckets.
@@ -690,12 +694,8 @@ impl LatchFreeLockTable {
             if self.params.poison_heads {
                 h.poison.store(1, SeqCst);
                 local.graveyard.push(Box::into_raw(h));
-            } else if local.free_heads.len() < self.params.free_cap {
-                local.free_heads.push(Box::into_raw(h));
-                let pooled = &self.slots[g.slot].heads_pooled;
-                pooled.store(local.free_heads.len(), SeqCst);
             } else {
-                drop(h);
+                self.pool_head(g, local, Box::into_raw(h));
             }
         }
         while let Some(&(epoch, e)) = local.bag.front() {
@@ -908,10 +908,7 @@ impl LatchFreeLockTable {
                 if h.hash == hash && h.id == *id {
                     if !fresh.is_null() {
                         // `fresh` was never published: back to the pool.
-                        let local = g.local();
-                        local.free_heads.push(fresh);
-                        let pooled = &self.slots[g.slot].heads_pooled;
-                        pooled.store(local.free_heads.len(), SeqCst);
+                        self.pool_head(g, g.local(), fresh);
                     }
                     return Some(h);
                 }
@@ -937,7 +934,7 @@ impl LatchFreeLockTable {
         };
         self.slots[g.slot]
             .heads_pooled
-            .store(local.free_heads.len(), SeqCst);
+            .store(local.free_heads.len(), Relaxed);
         // SAFETY: a pooled head was reclaimed (no pinned operation can reach it) or never
         // published: this slot's occupant owns it exclusively.
         let h = unsafe { &mut *hp };
@@ -954,6 +951,22 @@ impl LatchFreeLockTable {
         h.tail.store(ptr::null_mut(), SeqCst);
         h.tag.store(0, SeqCst);
         hp
+    }
+
+    /// Keeps the unreachable lock head `hp` in the slot's pool for reuse, or frees it beyond
+    /// [`Params::free_cap`]. `hp` came from `Box::into_raw` and is owned by the caller: never
+    /// published, or reclaimed (no pinned operation can reach it).
+    fn pool_head(&self, g: &Guard<'_>, local: &mut SlotLocal, hp: *mut LockHead) {
+        if local.free_heads.len() < self.params.free_cap {
+            local.free_heads.push(hp);
+            // Read only by `pooled_heads` (statistics): no ordering needed.
+            self.slots[g.slot]
+                .heads_pooled
+                .store(local.free_heads.len(), Relaxed);
+        } else {
+            // SAFETY: the caller's guarantee above.
+            drop(unsafe { Box::from_raw(hp) });
+        }
     }
 
     /// Visits every lock head linked in a bucket, live or dead. Must be pinned (or own the

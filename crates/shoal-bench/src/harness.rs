@@ -318,8 +318,8 @@ pub fn plan_for(sweep: &Sweep, workload: Option<WorkloadKind>) -> anyhow::Result
     let mut skipped = Vec::new();
     for p in sweep.points() {
         let mut cfg = RunConfig::from_point(&p)?;
-        if crate::workloads::doppel_args::repeats_without_phase(&mut cfg, &runs) {
-            continue; // --phase-ms applies to Doppel only
+        if crate::workloads::doppel_args::repeats_without_doppel_axes(&mut cfg, &runs) {
+            continue; // --phase-ms and --split-top apply to Doppel only
         }
         match cfg.skip_reason_for(workload) {
             Some(why) if skipped.contains(&why) => {}

@@ -514,8 +514,10 @@ fn bench(args: &BenchArgs) -> anyhow::Result<()> {
             args.lock_timeout.is_some(),
             args.log_dir.is_some(),
         ];
-        if args.doppel.hot_move_every.is_some() {
-            anyhow::bail!("--hot-move-every is not supported with --engine (shoal bench only)");
+        if args.doppel.hot_move_every.is_some() || args.doppel.split_top.is_some() {
+            anyhow::bail!(
+                "--hot-move-every and --split-top are not supported with --engine (shoal bench only)"
+            );
         }
         if shoal_only.contains(&true) {
             println!("note: --engine runs every engine with its default options; the shoal engine options given are ignored");
@@ -553,9 +555,9 @@ fn run_bench_into(args: &BenchArgs, records: &mut Vec<Record>) -> anyhow::Result
             anyhow::bail!("--mix {m} does not apply to {}", args.workload.name());
         }
     }
-    if args.doppel.hot_move_every.is_some() && args.workload != WorkloadKind::Incr1 {
-        anyhow::bail!("--hot-move-every applies to incr1 only");
-    }
+    args.doppel
+        .check(args.workload)
+        .map_err(|e| anyhow::anyhow!(e))?;
     let sweep = args.sweep();
     let params = args.params();
     let plan = harness::plan_for(&sweep, Some(args.workload))?;

@@ -67,7 +67,20 @@ pub struct DoppelArgs {
     /// default 20). Changes the database: each value gets its own load.
     #[arg(long, value_delimiter = ',', value_name = "LIST", value_parser = parse_phase_ms)]
     pub phase_ms: Option<Vec<f64>>,
+
+    /// Doppel: label the N most popular records split from the start with
+    /// `Database::split_hint` (the thesis' manual labelling, §3.6), on top of the automatic
+    /// classification: counters 0..N for incr1 (counter 0 is the hot one) and incrz (the
+    /// Zipfian's most popular first), pages 0..N for like, all split for ADD. 0 labels
+    /// nothing (the default). Changes the database: each value gets its own load. Not for
+    /// rubis, nor with `--hot-move-every` (the labels would not follow the hot counter).
+    #[arg(long, value_delimiter = ',', value_name = "LIST",
+          value_parser = clap::value_parser!(u64).range(0..=MAX_SPLIT_TOP))]
+    pub split_top: Option<Vec<u64>>,
 }
+
+/// Most records `--split-top` labels.
+pub const MAX_SPLIT_TOP: u64 = 10_000;
 
 fn parse_fraction(s: &str) -> Result<f64, String> {
     let v: f64 = s.trim().parse().map_err(|e| format!("{e}"))?;
@@ -127,7 +140,31 @@ impl DoppelArgs {
         if let Some(p) = &self.phase_ms {
             axes.push(Axis::new("phase-ms", true, p.iter().copied()));
         }
+        if let Some(n) = &self.split_top {
+            axes.push(Axis::new("split-top", true, n.iter().copied()));
+        }
         axes
+    }
+
+    /// Why these options cannot run on `w`, if they cannot.
+    pub fn check(&self, w: WorkloadKind) -> Result<(), String> {
+        if self.hot_move_every.is_some() && w != WorkloadKind::Incr1 {
+            return Err("--hot-move-every applies to incr1 only".into());
+        }
+        if self.split_top.is_some() {
+            if !matches!(
+                w,
+                WorkloadKind::Incr1 | WorkloadKind::Incrz | WorkloadKind::Like
+            ) {
+                return Err("--split-top applies to incr1, incrz and like only".into());
+            }
+            if self.hot_move_every.is_some() {
+                return Err("--split-top labels counter 0 and would not follow \
+                     --hot-move-every; give one or the other"
+                    .into());
+            }
+        }
+        Ok(())
     }
 
     /// The workload's own axes (not changing the database).
@@ -166,18 +203,43 @@ impl DoppelArgs {
     }
 }
 
-/// Whether `cfg` repeats a planned run: `--phase-ms` does not apply to other concurrency
-/// controls than Doppel, so their runs that differ only in it are dropped, and the first one
-/// kept loses the option (its record does not name a phase length it did not use).
-pub fn repeats_without_phase(
+/// The sweep axes that only Doppel uses.
+const DOPPEL_ONLY: [&str; 2] = ["phase-ms", "split-top"];
+
+/// Whether `cfg` repeats a planned run: `--phase-ms` and `--split-top` do not apply to other
+/// concurrency controls than Doppel, so their runs that differ only in those are dropped, and
+/// the first one kept loses the options (its record does not name a phase length or labels
+/// it did not use).
+pub fn repeats_without_doppel_axes(
     cfg: &mut RunConfig,
     planned: &[(RunConfig, crate::sweep::Point)],
 ) -> bool {
-    if cfg.cc == Cc::Doppel || cfg.point.get("phase-ms").is_none() {
+    if cfg.cc == Cc::Doppel || DOPPEL_ONLY.iter().all(|a| cfg.point.get(a).is_none()) {
         return false;
     }
-    cfg.point.0.retain(|(n, _)| *n != "phase-ms");
+    cfg.point.0.retain(|(n, _)| !DOPPEL_ONLY.contains(n));
     planned.iter().any(|(c, _)| c.point == cfg.point)
+}
+
+/// `--split-top N` on a Doppel run: labels the records `prefix` 0..N of `table` (at most
+/// `rows`) split for ADD. Does nothing for other concurrency controls or without the option.
+pub fn label_top(
+    db: &Database,
+    cfg: &RunConfig,
+    table: &shoal::Table,
+    prefix: u8,
+    rows: u64,
+) -> anyhow::Result<()> {
+    let n = float(cfg, "split-top", 0.0) as u64;
+    if cfg.cc != Cc::Doppel || n == 0 {
+        return Ok(());
+    }
+    let mut k = [0u8; 16];
+    for i in 0..n.min(rows) {
+        db.split_hint(table, key16(prefix, i, &mut k), shoal::doppel::SplitOp::Add)
+            .map_err(|e| anyhow::anyhow!("--split-top: labelling {}: {e}", table.name()))?;
+    }
+    Ok(())
 }
 
 /// Why `cfg` cannot run on `workload`: `--cc atomic` on a workload without an atomic form.
@@ -404,6 +466,74 @@ mod tests {
         // atomic is skipped (like has no atomic form) with one note per point.
         assert_eq!(plan.skipped.len(), 1, "{:?}", plan.skipped);
         assert!(plan.skipped[0].contains("cc=atomic"));
+    }
+
+    #[test]
+    fn split_top_applies_to_doppel_only_and_labels_the_top_records() {
+        use crate::sweep::{Axis, Sweep};
+        let sweep = Sweep {
+            axes: vec![
+                Axis::new("cc", true, ["occ", "doppel"]),
+                Axis::new("log", true, ["none"]),
+                Axis::new("split-top", true, [0u64, 2]),
+                Axis::new("threads", false, [2u64]),
+                Axis::new("seed", false, [1u64]),
+            ],
+        };
+        let plan = crate::harness::plan_for(&sweep, Some(WorkloadKind::Like)).unwrap();
+        let runs: Vec<String> = plan.runs.iter().map(|(c, _)| c.point.describe()).collect();
+        assert_eq!(
+            runs,
+            [
+                "cc=occ log=none threads=2 seed=1",
+                "cc=doppel log=none split-top=0 threads=2 seed=1",
+                "cc=doppel log=none split-top=2 threads=2 seed=1",
+            ]
+        );
+        // The labels are the records 0 and 1, split for ADD once a split phase starts.
+        let cfg = &plan.runs[2].0;
+        let db = Database::in_memory_with(cfg.options.clone());
+        let t = db.create_table("pages").unwrap();
+        label_top(&db, cfg, &t, b'p', 1_000).unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let mut split = db.split_keys();
+        while split.len() < 2 && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            split = db.split_keys();
+        }
+        let mut keys: Vec<Vec<u8>> = split.into_iter().map(|(_, k, _)| k).collect();
+        keys.sort();
+        assert_eq!(
+            keys,
+            [b"p000000000000000".to_vec(), b"p000000000000001".to_vec()]
+        );
+        // With `--split-top 0` nothing is labelled: no split phase follows.
+        let none = Database::in_memory_with(plan.runs[1].0.options.clone());
+        let t = none.create_table("pages").unwrap();
+        label_top(&none, &plan.runs[1].0, &t, b'p', 1_000).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(none.split_keys().is_empty());
+        assert_eq!(none.doppel_stats().unwrap().split_phases, 0);
+    }
+
+    #[test]
+    fn split_top_is_refused_where_it_cannot_apply() {
+        let args = |split: bool, moves: bool| DoppelArgs {
+            hot_fraction: vec![0.5],
+            hot_move_every: moves.then(|| vec!["5s".to_string()]),
+            alpha: None,
+            write_fraction: vec![0.5],
+            variant: vec![Variant::C],
+            phase_ms: None,
+            split_top: split.then(|| vec![1]),
+        };
+        assert!(args(true, false).check(WorkloadKind::Like).is_ok());
+        assert!(args(true, false).check(WorkloadKind::Incrz).is_ok());
+        let rubis = args(true, false).check(WorkloadKind::Rubis).unwrap_err();
+        assert!(rubis.contains("incr1, incrz and like"), "{rubis}");
+        assert!(args(true, true).check(WorkloadKind::Incr1).is_err());
+        assert!(args(false, true).check(WorkloadKind::Incr1).is_ok());
+        assert!(args(false, true).check(WorkloadKind::Like).is_err());
     }
 
     #[test]

@@ -29,7 +29,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use shoal::{Database, Table, Transaction};
 
-use super::doppel_args::{float, key16, parse_key16, text};
+use super::doppel_args::{float, key16, label_top, parse_key16, text};
 use super::{parallel_load, Ledger, Workload};
 use crate::dist::{KeyDist, Sampler};
 use crate::harness::{Cc, RunConfig};
@@ -167,6 +167,7 @@ impl Workload for Incr {
             })?;
             Ok(hi - lo)
         })?;
+        label_top(db, cfg, &table, b'k', n)?;
         let atomic = (cfg.cc == Cc::Atomic).then(|| (0..n).map(|_| AtomicI64::new(0)).collect());
         Ok(Incr {
             table,

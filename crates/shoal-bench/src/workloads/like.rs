@@ -19,7 +19,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use shoal::{Database, Table, Transaction};
 
-use super::doppel_args::{float, key16, parse_key16};
+use super::doppel_args::{float, key16, label_top, parse_key16};
 use super::{parallel_load, Ledger, Workload};
 use crate::dist::{KeyDist, Sampler};
 use crate::harness::{Cc, RunConfig};
@@ -117,6 +117,7 @@ impl Workload for Like {
             })?;
             Ok(2 * (hi - lo))
         })?;
+        label_top(db, cfg, &pages, b'p', n)?;
         Ok(Like {
             users,
             pages,

@@ -439,20 +439,31 @@ pub fn parse_key16(key: &[u8]) -> Option<u64> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn phase_ms_applies_to_doppel_only() {
+    /// The plan of a 2-thread LIKE sweep over `ccs` and the database axis `axis`, and its
+    /// runs described.
+    fn like_plan(
+        ccs: &[&'static str],
+        axis: crate::sweep::Axis,
+    ) -> (crate::harness::Plan, Vec<String>) {
         use crate::sweep::{Axis, Sweep};
         let sweep = Sweep {
             axes: vec![
-                Axis::new("cc", true, ["occ", "doppel", "atomic"]),
+                Axis::new("cc", true, ccs.iter().copied()),
                 Axis::new("log", true, ["none"]),
-                Axis::new("phase-ms", true, [1.0, 5.0]),
+                axis,
                 Axis::new("threads", false, [2u64]),
                 Axis::new("seed", false, [1u64]),
             ],
         };
         let plan = crate::harness::plan_for(&sweep, Some(WorkloadKind::Like)).unwrap();
-        let runs: Vec<String> = plan.runs.iter().map(|(c, _)| c.point.describe()).collect();
+        let runs = plan.runs.iter().map(|(c, _)| c.point.describe()).collect();
+        (plan, runs)
+    }
+
+    #[test]
+    fn phase_ms_applies_to_doppel_only() {
+        let axis = crate::sweep::Axis::new("phase-ms", true, [1.0, 5.0]);
+        let (plan, runs) = like_plan(&["occ", "doppel", "atomic"], axis);
         assert_eq!(
             runs,
             [
@@ -470,18 +481,8 @@ mod tests {
 
     #[test]
     fn split_top_applies_to_doppel_only_and_labels_the_top_records() {
-        use crate::sweep::{Axis, Sweep};
-        let sweep = Sweep {
-            axes: vec![
-                Axis::new("cc", true, ["occ", "doppel"]),
-                Axis::new("log", true, ["none"]),
-                Axis::new("split-top", true, [0u64, 2]),
-                Axis::new("threads", false, [2u64]),
-                Axis::new("seed", false, [1u64]),
-            ],
-        };
-        let plan = crate::harness::plan_for(&sweep, Some(WorkloadKind::Like)).unwrap();
-        let runs: Vec<String> = plan.runs.iter().map(|(c, _)| c.point.describe()).collect();
+        let axis = crate::sweep::Axis::new("split-top", true, [0u64, 2]);
+        let (plan, runs) = like_plan(&["occ", "doppel"], axis);
         assert_eq!(
             runs,
             [

@@ -555,9 +555,7 @@ fn run_bench_into(args: &BenchArgs, records: &mut Vec<Record>) -> anyhow::Result
             anyhow::bail!("--mix {m} does not apply to {}", args.workload.name());
         }
     }
-    args.doppel
-        .check(args.workload)
-        .map_err(|e| anyhow::anyhow!(e))?;
+    args.doppel.check(args.workload)?;
     let sweep = args.sweep();
     let params = args.params();
     let plan = harness::plan_for(&sweep, Some(args.workload))?;

@@ -147,21 +147,22 @@ impl DoppelArgs {
     }
 
     /// Why these options cannot run on `w`, if they cannot.
-    pub fn check(&self, w: WorkloadKind) -> Result<(), String> {
+    pub fn check(&self, w: WorkloadKind) -> anyhow::Result<()> {
         if self.hot_move_every.is_some() && w != WorkloadKind::Incr1 {
-            return Err("--hot-move-every applies to incr1 only".into());
+            anyhow::bail!("--hot-move-every applies to incr1 only");
         }
         if self.split_top.is_some() {
             if !matches!(
                 w,
                 WorkloadKind::Incr1 | WorkloadKind::Incrz | WorkloadKind::Like
             ) {
-                return Err("--split-top applies to incr1, incrz and like only".into());
+                anyhow::bail!("--split-top applies to incr1, incrz and like only");
             }
             if self.hot_move_every.is_some() {
-                return Err("--split-top labels counter 0 and would not follow \
+                anyhow::bail!(
+                    "--split-top labels counter 0 and would not follow \
                      --hot-move-every; give one or the other"
-                    .into());
+                );
             }
         }
         Ok(())
@@ -530,7 +531,10 @@ mod tests {
         };
         assert!(args(true, false).check(WorkloadKind::Like).is_ok());
         assert!(args(true, false).check(WorkloadKind::Incrz).is_ok());
-        let rubis = args(true, false).check(WorkloadKind::Rubis).unwrap_err();
+        let rubis = args(true, false)
+            .check(WorkloadKind::Rubis)
+            .unwrap_err()
+            .to_string();
         assert!(rubis.contains("incr1, incrz and like"), "{rubis}");
         assert!(args(true, true).check(WorkloadKind::Incr1).is_err());
         assert!(args(false, true).check(WorkloadKind::Incr1).is_ok());

@@ -1474,9 +1474,8 @@ fn decode_i64(key: &[u8], v: &[u8]) -> Result<i64> {
     Ok(i64::from_le_bytes(bytes))
 }
 
-/// Renders a lock name for error messages, naming tables from the transaction's own `tables`
-/// or else from the database's (`all`: tables locked with `lock_table` only are not in the
-/// transaction's list).
+/// Renders a lock name for error messages, naming tables from the database's id registry
+/// (which also holds tables the transaction locked with `lock_table` only).
 fn describe(tables: &TableSlots, id: &LockId) -> String {
     let name = |tid: u32| {
         tables

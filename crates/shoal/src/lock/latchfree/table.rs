@@ -5,7 +5,6 @@
 //! `shuttle`'s instrumented primitives (`tests/latchfree_shuttle.rs`).
 
 use std::cell::{Cell, UnsafeCell};
-use std::collections::VecDeque;
 use std::hash::BuildHasher;
 use std::ptr;
 use std::time::{Duration, Instant};
@@ -20,25 +19,29 @@ use super::sync::{
 };
 use super::{DeadlockPolicy, LockFailure, LockId, LockMode, LockTable, LockTableFootprint, TxnId};
 
-/// Number of buckets of the lock hash table (fixed, a power of two). 2 MiB of bucket
-/// pointers: with lock heads killed at release the lists are short anyway, and this keeps
-/// them short when killing is refused and idle heads stay linked (txbench read-only at MPL
-/// 512: 2^16 buckets gave 91k-115k tps with `find_head` a third of the profile, 2^18 116k-
-/// 123k; 2^20 made every lookup a cache miss in an 8 MiB array).
-pub const BUCKETS: usize = 1 << 18;
-/// Number of reclamation slots (at most this many operations are pinned at once).
+/// Buckets per bucket group: a group is one cache line holding its reclamation gate (three
+/// counters) and this many bucket pointers.
+pub const GROUP_BUCKETS: usize = 6;
+/// Number of buckets of the lock hash table (fixed): 2^15 groups of [`GROUP_BUCKETS`], 2 MiB.
+/// With lock heads killed at release the lists are short anyway, and this keeps them short
+/// when idle heads stay linked (txbench read-only at MPL 512: 2^16 buckets gave 91k-115k tps
+/// with `find_head` a third of the profile, 2^18 116k-123k; 2^20 made every lookup a cache
+/// miss in an 8 MiB array).
+pub const BUCKETS: usize = GROUP_BUCKETS << 15;
+/// Number of pool slots (at most this many operations run at once; more wait for a slot).
 pub const SLOTS: usize = 512;
 /// Capacity of the waiting-transaction registry used by deadlock detection.
 pub const WAIT_REGISTRY: usize = 1024;
 /// Entries allocated at once when a slot's free list is empty (bulk pre-allocation).
 pub const ALLOC_BATCH: usize = 32;
-/// Retired entries a slot collects before it tries to advance the epoch and reclaim.
+/// Retired entries a slot defers (see [`Gate`]) before it tries to reclaim them.
 pub const RETIRE_BATCH: usize = 64;
 /// Free entries (and, separately, free lock heads) a slot keeps for reuse; beyond that
 /// reclaimed ones are deallocated. Sized for the burst a slot reclaims at once after a
-/// descheduled thread held the epoch back: with a small pool (128) that burst went back to the
+/// descheduled thread held a gate back: with a small pool (128) that burst went back to the
 /// allocator and the next one came fresh from it, cold pages and cross-thread frees included
-/// (txbench read-only at MPL 4: 20% of the time in reclamation and the allocator).
+/// (txbench read-only at MPL 4, under a single table-wide epoch: 20% of the time in
+/// reclamation and the allocator).
 pub const FREE_CAP: usize = 8192;
 /// Lock heads a slot creates between two sweep steps over the buckets. (64 swept so often
 /// that hot heads kept being killed and recreated: txbench read-only at MPL 512 fell from
@@ -48,8 +51,9 @@ pub const SWEEP_EVERY: usize = 1024;
 pub const SWEEP_BUCKETS: usize = 4096;
 /// Retired lock heads a slot may hold back (not yet reclaimable) and still kill
 /// idle lock heads (eagerly at unlock, or in a sweep step). Past that, idle heads stay
-/// linked and are reused: while a descheduled thread holds the epoch back (many more threads
-/// than cores), killing would only pile up memory that cannot be reclaimed.
+/// linked and are reused: while descheduled threads hold gates back (many more threads
+/// than cores, waiting transactions stalled in a deadlock search), killing would only pile
+/// up memory that cannot be reclaimed.
 pub const KILL_BACKLOG: usize = 4096;
 /// Stripes of the early-lock-release tag floor (the tags of reclaimed lock heads).
 const TAG_FLOORS: usize = 1024;
@@ -78,13 +82,14 @@ const POISON: u32 = 1 << 11;
 /// uses. Smaller values make reclamation run often (tests and model checking).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Params {
-    /// Buckets of the lock hash table (rounded up to a power of two).
+    /// Buckets of the lock hash table (rounded up to a power of two of groups of
+    /// [`GROUP_BUCKETS`]; fewer than that make one group of this many buckets).
     pub buckets: usize,
-    /// Reclamation slots: at most this many operations are pinned at once.
+    /// Pool slots: at most this many operations run at once.
     pub slots: usize,
     /// Capacity of the waiting-transaction registry of deadlock detection.
     pub wait_registry: usize,
-    /// Retired entries a slot collects before it tries to advance the epoch and reclaim.
+    /// Deferred retirements a slot collects before it tries to reclaim them.
     pub retire_batch: usize,
     /// Reclaimed entries a slot keeps for reuse; beyond that they are deallocated.
     pub free_cap: usize,
@@ -230,36 +235,46 @@ impl LockHead {
     }
 }
 
-/// Per-slot state only the thread that pinned the slot touches.
+/// A retired (unlinked) entry or lock head, deferred until no operation can reach it: until
+/// the gate of its bucket group and the table-wide gate have each advanced twice past the
+/// epochs read when it was retired (see [`Gate`]).
+struct Retired<T> {
+    ptr: *mut T,
+    /// Its bucket group.
+    group: usize,
+    /// The group's gate epoch when it was retired.
+    group_epoch: u32,
+    /// The table-wide gate epoch when it was retired.
+    all_epoch: u32,
+}
+
+/// Per-slot state only the thread that claimed the slot touches.
 #[derive(Default)]
 struct SlotLocal {
-    /// Unlinked entries with the global epoch at their retirement.
-    bag: VecDeque<(u64, *mut Entry)>,
-    /// Unlinked (dead) lock heads with the global epoch at their retirement.
-    heads: VecDeque<(u64, *mut LockHead)>,
+    /// Unlinked entries waiting for their gates, in retirement order.
+    bag: Vec<Retired<Entry>>,
+    /// Unlinked (dead) lock heads waiting for their gates, in retirement order.
+    heads: Vec<Retired<LockHead>>,
     /// Lock heads this slot created since its last sweep step.
     created: usize,
+    /// A sweep step is due when the operation ends (see `created_head`).
+    sweep_due: bool,
     /// Reclaimed lock heads kept allocated and poisoned ([`Params::poison_heads`]).
     graveyard: Vec<*mut LockHead>,
     /// Reclaimed entries ready for reuse.
     free: Vec<*mut Entry>,
     /// Reclaimed lock heads ready for reuse (unless [`Params::poison_heads`]).
     free_heads: Vec<*mut LockHead>,
-    /// The slot that held the epoch back at the last failed advance: checked first next time,
-    /// so that a reclamation attempt during a long stall costs one load, not a scan of every
-    /// slot.
-    blocker: usize,
     /// Kills refused since the last reclamation attempt (see `may_kill`).
     refused: usize,
-    /// Bag size at which the next reclamation attempt runs (a failed attempt, with the
-    /// epoch held back by a pinned operation, is not repeated on every retirement).
+    /// Bag size at which the next reclamation attempt runs (a failed attempt, with a gate
+    /// held back by a pinned operation, is not repeated on every retirement).
     collect_at: usize,
 }
 
-/// A reclamation slot: `pin` is `epoch << 1 | 1` while an operation occupies the slot, 0 when
-/// the slot is free.
+/// A pool slot: `busy` is 1 while an operation owns the slot's local state, 0 when free.
 struct Slot {
-    pin: AtomicU64,
+    busy: AtomicU32,
     /// Lock heads this slot allocated and freed (written only by the slot's occupant, so
     /// without a read-modify-write; a table-wide counter bounced between cores on every
     /// lock once idle heads are killed at unlock).
@@ -271,11 +286,118 @@ struct Slot {
 }
 
 // SAFETY: `local` is only accessed by the thread that claimed the slot with a successful CAS
-// of `pin` from 0 (or by `Drop`, which has `&mut`), so it is never accessed concurrently; the
+// of `busy` from 0 (or by `Drop`, which has `&mut`), so it is never accessed concurrently; the
 // raw entry and lock-head pointers it stores are owned by the table.
 unsafe impl Sync for Slot {}
 // SAFETY: as above; the pointers in `local` refer to heap entries owned by the table.
 unsafe impl Send for Slot {}
+
+/// A reclamation gate: an epoch and, per epoch parity, the number of operations pinned on
+/// it (a counter-based epoch scheme, as in sleepable RCU).
+///
+/// An operation pins by incrementing the counter of the current epoch's parity and checking
+/// that the epoch did not move meanwhile. The epoch advances from `e` to `e + 1` only when no
+/// operation of epoch `e - 1` is pinned (the counter of `e + 1`'s parity is zero), so once it
+/// reached `r + 2`, every operation pinned at or before epoch `r` has left. Something unlinked
+/// before reading epoch `r` is therefore unreachable once the epoch reaches `r + 2`: only
+/// operations pinned before the unlink could still hold it.
+///
+/// The table has one gate per bucket group (in the group's cache line, which a lookup loads
+/// anyway) and one table-wide gate for the rare operations that reach lock heads other than
+/// through their own bucket (deadlock search, sweeps, statistics). An operation on one lock
+/// pins its group's gate only, so a descheduled pinned thread holds back the reclamation of
+/// one group in [`BUCKETS`]` / `[`GROUP_BUCKETS`], not of the whole table (with a single
+/// table-wide epoch, txbench read-only fell from 260k-300k tps at 2 threads to about 150k at
+/// 8: a pinned thread was descheduled nearly all the time, so heads piled up unreclaimed and
+/// the pools cycled through thousands of cold ones).
+struct Gate {
+    epoch: AtomicU32,
+    pinned: [AtomicU32; 2],
+}
+
+impl Gate {
+    fn new() -> Self {
+        Gate {
+            epoch: AtomicU32::new(0),
+            pinned: [AtomicU32::new(0), AtomicU32::new(0)],
+        }
+    }
+
+    /// Pins an operation; returns the epoch it is counted under.
+    fn enter(&self) -> u32 {
+        loop {
+            let e = self.epoch.load(SeqCst);
+            self.pinned[(e & 1) as usize].fetch_add(1, SeqCst);
+            if self.epoch.load(SeqCst) == e {
+                return e;
+            }
+            self.pinned[(e & 1) as usize].fetch_sub(1, SeqCst);
+        }
+    }
+
+    /// Unpins an operation that [`enter`](Self::enter) returned `e` to.
+    fn exit(&self, e: u32) {
+        self.pinned[(e & 1) as usize].fetch_sub(1, SeqCst);
+    }
+
+    /// No operation is pinned.
+    fn idle(&self) -> bool {
+        self.pinned[0].load(SeqCst) == 0 && self.pinned[1].load(SeqCst) == 0
+    }
+
+    /// The caller, pinned under epoch `mine`, is the only operation pinned.
+    fn alone(&self, mine: u32) -> bool {
+        self.pinned[(mine & 1) as usize].load(SeqCst) == 1
+            && self.pinned[(mine.wrapping_add(1) & 1) as usize].load(SeqCst) == 0
+    }
+
+    /// Advances the epoch if no operation of the epoch before it is pinned.
+    fn try_advance(&self) -> u32 {
+        let e = self.epoch.load(SeqCst);
+        if self.pinned[(e.wrapping_add(1) & 1) as usize].load(SeqCst) != 0 {
+            return e;
+        }
+        match self
+            .epoch
+            .compare_exchange(e, e.wrapping_add(1), SeqCst, SeqCst)
+        {
+            Ok(_) => e.wrapping_add(1),
+            Err(now) => now,
+        }
+    }
+
+    /// Whether the epoch has reached `r + 2` (advancing it if it can): then nothing unlinked
+    /// before `r` was read is reachable.
+    fn passed(&self, r: u32) -> bool {
+        let mut now = self.epoch.load(SeqCst);
+        for _ in 0..2 {
+            if now.wrapping_sub(r) >= 2 {
+                return true;
+            }
+            now = self.try_advance();
+        }
+        now.wrapping_sub(r) >= 2
+    }
+}
+
+/// One cache line of the lock hash table: a reclamation gate and [`GROUP_BUCKETS`] buckets.
+#[repr(align(64))]
+struct Group {
+    gate: Gate,
+    buckets: [AtomicPtr<LockHead>; GROUP_BUCKETS],
+}
+
+/// An operation pinned on a gate; unpins when dropped.
+struct Pin<'a> {
+    gate: &'a Gate,
+    epoch: u32,
+}
+
+impl Drop for Pin<'_> {
+    fn drop(&mut self) {
+        self.gate.exit(self.epoch);
+    }
+}
 
 std::thread_local! {
     /// A per-thread starting index for slot claims (any slot is correct; this spreads them).
@@ -304,17 +426,23 @@ fn backoff(step: &mut u32) {
     *step += 1;
 }
 
-/// An occupied reclamation slot: entries reachable now stay allocated while it lives.
+/// An operation in progress: owns a pool slot and is pinned on the gate of one bucket group
+/// (it may reach the lock heads of that group's buckets and their entries), on the
+/// table-wide gate (it may reach any), or on none (it only reclaims its slot's bags).
 struct Guard<'a> {
     table: &'a LatchFreeLockTable,
     slot: usize,
+    /// The bucket group pinned, if any (`None` with a table-wide pin, or none).
+    group: Option<usize>,
+    pin: Option<Pin<'a>>,
 }
 
 impl Guard<'_> {
     #[allow(clippy::mut_from_ref)]
     fn local(&self) -> &mut SlotLocal {
-        // SAFETY: this guard claimed the slot (CAS of `pin` from 0), so no other thread touches
-        // its `local` until the guard is dropped; callers never hold two of these borrows.
+        // SAFETY: this guard claimed the slot (CAS of `busy` from 0), so no other thread
+        // touches its `local` until the guard is dropped; callers never hold two of these
+        // borrows.
         unsafe { &mut *self.table.slots[self.slot].local.get() }
     }
 
@@ -333,7 +461,12 @@ impl Guard<'_> {
 
 impl Drop for Guard<'_> {
     fn drop(&mut self) {
-        self.table.slots[self.slot].pin.store(0, SeqCst);
+        drop(self.pin.take());
+        if std::mem::take(&mut self.local().sweep_due) {
+            self.table.sweep_step(self);
+            drop(self.pin.take());
+        }
+        self.table.slots[self.slot].busy.store(0, SeqCst);
     }
 }
 
@@ -358,9 +491,13 @@ enum Verdict {
 
 /// Latch-free lock table after Jung et al. 2013 (see the [module docs](super)).
 pub struct LatchFreeLockTable {
-    buckets: Box<[AtomicPtr<LockHead>]>,
+    /// The buckets, in groups of `per_group` (a power of two of groups).
+    groups: Box<[Group]>,
+    /// Buckets used per group: [`GROUP_BUCKETS`], or fewer for a tiny table.
+    per_group: usize,
     slots: Box<[CachePadded<Slot>]>,
-    epoch: AtomicU64,
+    /// The table-wide reclamation gate (see [`Gate`]).
+    all: CachePadded<Gate>,
     /// Entries of waiting requests, for the waits-for walk of deadlock detection.
     waiting: Box<[AtomicPtr<Entry>]>,
     allocated: AtomicUsize,
@@ -391,20 +528,26 @@ impl LatchFreeLockTable {
 
     /// A new empty table with the given sizes.
     pub fn with_params(policy: DeadlockPolicy, mut params: Params) -> Self {
-        params.buckets = params.buckets.max(1).next_power_of_two();
+        let per_group = params.buckets.clamp(1, GROUP_BUCKETS);
+        let groups = params.buckets.div_ceil(per_group).next_power_of_two();
+        params.buckets = groups * per_group;
         params.slots = params.slots.max(1);
         params.wait_registry = params.wait_registry.max(1);
         params.retire_batch = params.retire_batch.max(1);
         params.sweep_every = params.sweep_every.max(1);
         params.sweep_buckets = params.sweep_buckets.clamp(1, params.buckets);
         LatchFreeLockTable {
-            buckets: (0..params.buckets)
-                .map(|_| AtomicPtr::new(ptr::null_mut()))
+            groups: (0..groups)
+                .map(|_| Group {
+                    gate: Gate::new(),
+                    buckets: std::array::from_fn(|_| AtomicPtr::new(ptr::null_mut())),
+                })
                 .collect(),
+            per_group,
             slots: (0..params.slots)
                 .map(|_| {
                     CachePadded::new(Slot {
-                        pin: AtomicU64::new(0),
+                        busy: AtomicU32::new(0),
                         heads_made: AtomicUsize::new(0),
                         heads_freed: AtomicUsize::new(0),
                         heads_pooled: AtomicUsize::new(0),
@@ -412,7 +555,7 @@ impl LatchFreeLockTable {
                     })
                 })
                 .collect(),
-            epoch: AtomicU64::new(1),
+            all: CachePadded::new(Gate::new()),
             waiting: (0..params.wait_registry)
                 .map(|_| AtomicPtr::new(ptr::null_mut()))
                 .collect(),
@@ -438,7 +581,7 @@ impl LatchFreeLockTable {
 
     /// Number of locks with at least one live (waiting or granted) request.
     pub fn queue_count(&self) -> usize {
-        let _g = self.pin();
+        let _g = self.pin_all();
         let mut n = 0;
         self.for_each_head(|h| {
             let mut live = false;
@@ -473,7 +616,7 @@ impl LatchFreeLockTable {
 
     /// Number of live (not killed) lock heads linked in the buckets.
     pub fn lock_heads(&self) -> usize {
-        let _g = self.pin();
+        let _g = self.pin_all();
         let mut n = 0;
         self.for_each_head(|h| n += usize::from(!h.is_dead()));
         n
@@ -481,7 +624,7 @@ impl LatchFreeLockTable {
 
     /// Number of requests currently waiting on `id`.
     pub fn waiters(&self, id: &LockId) -> usize {
-        let g = self.pin();
+        let g = self.pin(self.bucket_index(id));
         let Some(h) = self.find_head(&g, id, false) else {
             return 0;
         };
@@ -496,7 +639,7 @@ impl LatchFreeLockTable {
 
     /// The mode `txn` currently holds on `id` (`N` if none).
     pub fn held_mode(&self, txn: TxnId, id: &LockId) -> LockMode {
-        let g = self.pin();
+        let g = self.pin(self.bucket_index(id));
         self.find_head(&g, id, false)
             .and_then(|h| self.find_entry(h, txn))
             // SAFETY: pinned, so the entry is not recycled while we read it.
@@ -505,55 +648,85 @@ impl LatchFreeLockTable {
             })
     }
 
-    // ---- reclamation (epochs over operations) ----
+    // ---- reclamation (a gate per bucket group, see `Gate`) ----
 
-    fn pin(&self) -> Guard<'_> {
+    /// Claims a free pool slot (its local state is ours until the guard drops).
+    fn claim_slot(&self) -> usize {
         let start = slot_hint();
         let mut step = 0;
         loop {
             let n = self.params.slots;
             for i in 0..n {
                 let slot = (start + i) % n;
-                let pin = &self.slots[slot].pin;
-                if pin.load(SeqCst) != 0 {
-                    continue;
-                }
-                let e = self.epoch.load(SeqCst);
-                if pin.compare_exchange(0, e << 1 | 1, SeqCst, SeqCst).is_ok() {
-                    fence(SeqCst);
-                    return Guard { table: self, slot };
+                let busy = &self.slots[slot].busy;
+                if busy.load(Relaxed) == 0 && busy.compare_exchange(0, 1, SeqCst, SeqCst).is_ok() {
+                    return slot;
                 }
             }
             backoff(&mut step);
         }
     }
 
-    /// Reclaims in bulk what no running operation can still reach: advances the epoch as far
-    /// as the pinned operations allow, then claims every idle slot in turn and reclaims its
-    /// retired entries (Jung §4.4's lazy bulk de-allocation; what a background de-allocator
+    /// Starts an operation on the lock heads of bucket `b`'s group (and their entries).
+    fn pin(&self, b: usize) -> Guard<'_> {
+        let slot = self.claim_slot();
+        let group = b / self.per_group;
+        let gate = &self.groups[group].gate;
+        let epoch = gate.enter();
+        Guard {
+            table: self,
+            slot,
+            group: Some(group),
+            pin: Some(Pin { gate, epoch }),
+        }
+    }
+
+    /// Starts an operation that may reach any lock head and entry.
+    fn pin_all(&self) -> Guard<'_> {
+        let slot = self.claim_slot();
+        Guard {
+            table: self,
+            slot,
+            group: None,
+            pin: Some(self.enter_all()),
+        }
+    }
+
+    /// A table-wide pin (for a part of an operation that leaves its bucket group).
+    fn enter_all(&self) -> Pin<'_> {
+        Pin {
+            gate: &self.all,
+            epoch: self.all.enter(),
+        }
+    }
+
+    /// Reclaims in bulk what no running operation can still reach: kills and unlinks every
+    /// idle lock head, then claims every idle slot in turn and reclaims its deferred
+    /// retirements (Jung §4.4's lazy bulk de-allocation; what a background de-allocator
     /// would run now and then). Safe to call at any time, concurrently with everything else;
-    /// retired entries of a slot are otherwise only reclaimed by operations using that slot.
+    /// deferred retirements of a slot are otherwise only reclaimed by operations using that
+    /// slot.
     pub fn reclaim(&self) {
         {
             // Kill and unlink every idle lock head (retired into this guard's slot).
-            let g = self.pin();
-            for b in 0..self.buckets.len() {
+            let g = self.pin_all();
+            for b in 0..self.params.buckets {
                 self.sweep_bucket(&g, b, true);
             }
             g.local().created = 0;
         }
-        for _ in 0..2 {
-            self.try_advance(&mut 0);
-        }
         for slot in 0..self.slots.len() {
-            let e = self.epoch.load(SeqCst);
             if self.slots[slot]
-                .pin
-                .compare_exchange(0, e << 1 | 1, SeqCst, SeqCst)
+                .busy
+                .compare_exchange(0, 1, SeqCst, SeqCst)
                 .is_ok()
             {
-                fence(SeqCst);
-                let g = Guard { table: self, slot };
+                let g = Guard {
+                    table: self,
+                    slot,
+                    group: None,
+                    pin: None,
+                };
                 self.collect(&g);
                 let local = g.local();
                 local.collect_at = local.bag.len() + local.heads.len() + self.params.retire_batch;
@@ -561,21 +734,56 @@ impl LatchFreeLockTable {
         }
     }
 
-    /// Hands an unlinked entry to the reclaimer; it is reused once no pinned operation can
-    /// still reach it.
-    fn retire(&self, g: &Guard<'_>, e: *mut Entry) {
-        let epoch = self.epoch.load(SeqCst);
-        let local = g.local();
-        local.bag.push_back((epoch, e));
+    /// Whether something unlinked from bucket `b` by `g` now can be reclaimed at once: `g` is
+    /// the only operation pinned on the bucket's group, and none is pinned table-wide. Only
+    /// operations pinned before the unlink could reach it; a later one starts from the
+    /// bucket (or from a live entry, which this was not). Read after the unlink (both are
+    /// `SeqCst`), against a pin's increment before its first read.
+    fn unreachable_now(&self, g: &Guard<'_>, b: usize) -> bool {
+        let group = b / self.per_group;
+        match (&g.pin, g.group) {
+            (Some(pin), Some(mine)) if mine == group => {
+                pin.gate.alone(pin.epoch) && self.all.idle()
+            }
+            _ => false,
+        }
+    }
+
+    /// Defers something unlinked from bucket `b` until its gates have passed.
+    fn deferred<T>(&self, ptr: *mut T, b: usize) -> Retired<T> {
+        let group = b / self.per_group;
+        Retired {
+            ptr,
+            group,
+            group_epoch: self.groups[group].gate.epoch.load(SeqCst),
+            all_epoch: self.all.epoch.load(SeqCst),
+        }
+    }
+
+    /// Hands an entry unlinked from a lock head of bucket `b` to the reclaimer: reused at
+    /// once if no other operation can reach it, else once none can.
+    fn retire(&self, g: &Guard<'_>, e: *mut Entry, b: usize) {
+        if self.unreachable_now(g, b) {
+            // SAFETY: unlinked, and no other operation is pinned where it could reach it.
+            unsafe { self.recycle(g.local(), e) };
+            return;
+        }
+        let r = self.deferred(e, b);
+        g.local().bag.push(r);
         self.collect_if_due(g);
     }
 
-    /// Hands an unlinked lock head to the reclaimer; it is freed, with the entries still on its
-    /// list, once no pinned operation can still reach it.
-    fn retire_head(&self, g: &Guard<'_>, h: *mut LockHead) {
-        let epoch = self.epoch.load(SeqCst);
-        let local = g.local();
-        local.heads.push_back((epoch, h));
+    /// Hands a lock head unlinked from bucket `b` to the reclaimer: reclaimed, with the
+    /// entries still on its list, at once if no other operation can reach it, else once
+    /// none can.
+    fn retire_head(&self, g: &Guard<'_>, h: *mut LockHead, b: usize) {
+        if self.unreachable_now(g, b) {
+            // SAFETY: unlinked, and no other operation is pinned where it could reach it.
+            unsafe { self.reclaim_head(g, h) };
+            return;
+        }
+        let r = self.deferred(h, b);
+        g.local().heads.push(r);
         self.collect_if_due(g);
     }
 
@@ -589,29 +797,47 @@ impl LatchFreeLockTable {
         }
     }
 
-    /// Counts a lock head this slot created; every `sweep_every` of them, runs a sweep step
-    /// over the next `sweep_buckets` buckets.
+    /// Counts a lock head this slot created; every `sweep_every` of them, a sweep step is
+    /// due at the end of the operation.
     fn created_head(&self, g: &Guard<'_>) {
         let local = g.local();
         local.created += 1;
-        if local.created < self.params.sweep_every {
-            return;
+        if local.created >= self.params.sweep_every {
+            local.created = 0;
+            local.sweep_due = true;
         }
-        local.created = 0;
+    }
+
+    /// A sweep step over the next `sweep_buckets` buckets, pinning each bucket's group in
+    /// turn (`g` is unpinned; it is left pinned on the last group visited). Pinning group by
+    /// group rather than table-wide keeps a sweeper that is descheduled mid-step from holding
+    /// back the reclamation of the whole table.
+    fn sweep_step<'a>(&'a self, g: &mut Guard<'a>) {
         let n = self.params.sweep_buckets;
         let start = self.sweep_cursor.fetch_add(n, SeqCst);
         for i in 0..n {
             if !self.may_kill(g) {
                 return;
             }
-            self.sweep_bucket(g, start.wrapping_add(i) & (self.buckets.len() - 1), true);
+            let b = start.wrapping_add(i) % self.params.buckets;
+            let group = b / self.per_group;
+            if g.group != Some(group) || g.pin.is_none() {
+                drop(g.pin.take());
+                let gate = &self.groups[group].gate;
+                g.pin = Some(Pin {
+                    gate,
+                    epoch: gate.enter(),
+                });
+                g.group = Some(group);
+            }
+            self.sweep_bucket(g, b, true);
         }
     }
 
     /// Whether this slot may kill idle lock heads now: only while fewer than
     /// [`KILL_BACKLOG`] of the heads it retired wait for reclamation. When the limit is
     /// reached it tries a reclamation first (at most once every [`RETIRE_BATCH`] refusals, as
-    /// a reclamation scans every slot).
+    /// a reclamation visits every deferred head).
     fn may_kill(&self, g: &Guard<'_>) -> bool {
         let local = g.local();
         if local.heads.len() < KILL_BACKLOG {
@@ -626,85 +852,68 @@ impl LatchFreeLockTable {
         g.local().heads.len() < KILL_BACKLOG
     }
 
-    /// Advances the global epoch if every pinned operation has seen it. `blocker` is the slot
-    /// that held it back last time: it is checked first (while a descheduled thread stays
-    /// pinned, that one load is the whole attempt) and updated when another slot blocks.
-    fn try_advance(&self, blocker: &mut usize) -> u64 {
-        let e = self.epoch.load(SeqCst);
-        let behind = |i: usize| {
-            let p = self.slots[i].pin.load(SeqCst);
-            p & 1 == 1 && p >> 1 != e
-        };
-        if *blocker < self.slots.len() && behind(*blocker) {
-            return e;
-        }
-        if let Some(i) = (0..self.slots.len()).find(|&i| behind(i)) {
-            *blocker = i;
-            return e;
-        }
-        match self.epoch.compare_exchange(e, e + 1, SeqCst, SeqCst) {
-            Ok(_) => e + 1,
-            Err(now) => now,
-        }
+    /// Whether a deferred retirement is unreachable now: both its gates have passed.
+    fn passed<T>(&self, r: &Retired<T>) -> bool {
+        self.all.passed(r.all_epoch) && self.groups[r.group].gate.passed(r.group_epoch)
     }
 
-    /// Reclaims the retired entries and lock heads of this slot that are two epochs old.
-    ///
-    /// A bag is in retirement order, hence in epoch order (the slot's occupants push one at a
-    /// time, stamped with the global epoch, which only grows), so this pops from the front
-    /// and stops at the first one too young: it costs what it frees, not the bag's length,
-    /// which matters while a descheduled thread holds the epoch back and bags grow to
-    /// thousands. The epoch is advanced (a scan of every slot) only when nothing in the bags
-    /// is old enough yet.
+    /// Reclaims the deferred entries and lock heads of this slot that no operation can reach
+    /// any more (advancing the gates where it can). It visits every deferred one: they are
+    /// few unless operations stay pinned table-wide, and the groups' gates pass in no order.
     fn collect(&self, g: &Guard<'_>) {
         let local = g.local();
-        let oldest = local
-            .heads
-            .front()
-            .map(|x| x.0)
-            .into_iter()
-            .chain(local.bag.front().map(|x| x.0))
-            .min();
-        let current = self.epoch.load(SeqCst);
-        let now = match oldest {
-            Some(e) if e + 2 <= current => current,
-            _ => self.try_advance(&mut local.blocker),
-        };
+        let mut heads = std::mem::take(&mut local.heads);
+        heads.retain(|r| {
+            if !self.passed(r) {
+                return true;
+            }
+            // SAFETY: unlinked, and both gates passed: no pinned operation can reach it.
+            unsafe { self.reclaim_head(g, r.ptr) };
+            false
+        });
         let local = g.local();
-        while let Some(&(epoch, hp)) = local.heads.front() {
-            if epoch + 2 > now {
-                break;
+        debug_assert!(local.heads.is_empty(), "reclaiming a head retires nothing");
+        local.heads = heads;
+        let mut bag = std::mem::take(&mut local.bag);
+        bag.retain(|r| {
+            if !self.passed(r) {
+                return true;
             }
-            local.heads.pop_front();
-            // SAFETY: `hp` was unlinked from its bucket two epochs ago: no pinned operation can
-            // reach it (nor an entry on its list: entries are reached through their lock
-            // head, or through the waiting registry, which holds live entries only and a dead
-            // head has none), and it came from `Box::into_raw` in `find_head`.
-            let h = unsafe { Box::from_raw(hp) };
-            let mut cur = h.first.load(SeqCst);
-            while !cur.is_null() {
-                // SAFETY: as above, the entries still linked on the list are unreachable;
-                // each is linked once (unlinked ones are in some bag instead).
-                let next = unmarked(unsafe { &*cur }.next.load(SeqCst));
-                // SAFETY: as above.
-                unsafe { self.recycle(local, cur) };
-                cur = next;
-            }
-            g.count_head(false);
-            if self.params.poison_heads {
-                h.poison.store(1, SeqCst);
-                local.graveyard.push(Box::into_raw(h));
-            } else {
-                self.pool_head(g, local, Box::into_raw(h));
-            }
+            // SAFETY: unlinked, and both gates passed: no pinned operation can reach it.
+            unsafe { self.recycle(g.local(), r.ptr) };
+            false
+        });
+        g.local().bag = bag;
+    }
+
+    /// Reclaims an unlinked lock head and the entries still on its list: into the slot's
+    /// pools (or the graveyard with [`Params::poison_heads`]).
+    ///
+    /// # Safety
+    ///
+    /// `hp` was unlinked from its bucket and no operation can reach it (nor an entry on its
+    /// list: entries are reached through their lock head, or through the waiting registry,
+    /// which holds live entries only, and a dead head has none); it came from
+    /// `Box::into_raw`.
+    unsafe fn reclaim_head(&self, g: &Guard<'_>, hp: *mut LockHead) {
+        let local = g.local();
+        // SAFETY: the caller's guarantee.
+        let h = unsafe { &*hp };
+        let mut cur = h.first.load(SeqCst);
+        while !cur.is_null() {
+            // SAFETY: as above, the entries still linked on the list are unreachable;
+            // each is linked once (unlinked ones are in some bag or pool instead).
+            let next = unmarked(unsafe { &*cur }.next.load(SeqCst));
+            // SAFETY: as above.
+            unsafe { self.recycle(local, cur) };
+            cur = next;
         }
-        while let Some(&(epoch, e)) = local.bag.front() {
-            if epoch + 2 > now {
-                break;
-            }
-            local.bag.pop_front();
-            // SAFETY: `e` was unlinked two epochs ago: no pinned operation can reach it.
-            unsafe { self.recycle(local, e) };
+        g.count_head(false);
+        if self.params.poison_heads {
+            h.poison.store(1, SeqCst);
+            local.graveyard.push(hp);
+        } else {
+            self.pool_head(g, local, hp);
         }
     }
 
@@ -764,8 +973,16 @@ impl LatchFreeLockTable {
             .wrapping_mul(0x9E37_79B9_7F4A_7C15)
     }
 
+    /// The bucket of a lock head of hash `hash`: a group from the high bits, a bucket of
+    /// the group from other bits.
     fn bucket_of(&self, hash: u64) -> usize {
-        (hash >> 32) as usize & (self.buckets.len() - 1)
+        let group = (hash >> 32) as usize & (self.groups.len() - 1);
+        group * self.per_group + (hash >> 8) as usize % self.per_group
+    }
+
+    /// Bucket `b` (an index below `params.buckets`).
+    fn bucket(&self, b: usize) -> &AtomicPtr<LockHead> {
+        &self.groups[b / self.per_group].buckets[b % self.per_group]
     }
 
     fn bucket_index(&self, id: &LockId) -> usize {
@@ -801,7 +1018,7 @@ impl LatchFreeLockTable {
             .compare_exchange(cur, unmarked(next), SeqCst, SeqCst)
             .is_ok()
         {
-            self.retire_head(g, cur);
+            self.retire_head(g, cur, self.bucket_of(h.hash));
             Step::Reload
         } else {
             Step::Restart
@@ -838,7 +1055,8 @@ impl LatchFreeLockTable {
 
     /// Unlinks every dead lock head of bucket `b`, killing the idle ones first if `kill`.
     fn sweep_bucket(&self, g: &Guard<'_>, b: usize, kill: bool) {
-        let bucket = &self.buckets[b];
+        debug_assert!(g.group.is_none() || g.group == Some(b / self.per_group));
+        let bucket = self.bucket(b);
         'restart: loop {
             let mut link = bucket;
             loop {
@@ -868,7 +1086,9 @@ impl LatchFreeLockTable {
     /// dead head never comes back to life.
     fn find_head(&self, g: &Guard<'_>, id: &LockId, create: bool) -> Option<&LockHead> {
         let hash = Self::hash(id);
-        let bucket = &self.buckets[self.bucket_of(hash)];
+        let b = self.bucket_of(hash);
+        debug_assert!(g.group.is_none() || g.group == Some(b / self.per_group));
+        let bucket = self.bucket(b);
         let mut fresh: *mut LockHead = ptr::null_mut();
         'restart: loop {
             let mut link = bucket;
@@ -972,7 +1192,11 @@ impl LatchFreeLockTable {
     /// Visits every lock head linked in a bucket, live or dead. Must be pinned (or own the
     /// table).
     fn for_each_head(&self, mut f: impl FnMut(&LockHead)) {
-        for b in self.buckets.iter() {
+        for b in self
+            .groups
+            .iter()
+            .flat_map(|g| &g.buckets[..self.per_group])
+        {
             let mut cur = unmarked(b.load(SeqCst));
             while !cur.is_null() {
                 // SAFETY: reached from a bucket while pinned: not freed before we unpin.
@@ -1093,7 +1317,7 @@ impl LatchFreeLockTable {
                         .compare_exchange(raw, marked(raw), SeqCst, SeqCst)
                         .is_ok();
                 if frozen && link.compare_exchange(cur, next, SeqCst, SeqCst).is_ok() {
-                    self.retire(g, cur);
+                    self.retire(g, cur, self.bucket_of(h.hash));
                     cur = next;
                     continue; // `link` now points to `next`
                 }
@@ -1240,6 +1464,8 @@ impl LatchFreeLockTable {
     /// cycle with a younger member, unparks that member so that it runs its own search at
     /// once and aborts itself.
     fn deadlock_victim(&self, me: TxnId, e: &Entry) -> Option<TxnId> {
+        // The search reaches other groups' lock heads (through the waiting registry).
+        let _all = self.enter_all();
         let mut budget = DEADLOCK_BUDGET;
         let mut visited = Vec::new();
         let mut path = Vec::new();
@@ -1303,7 +1529,8 @@ impl LatchFreeLockTable {
         mode: LockMode,
         timeout: Option<Duration>,
     ) -> Result<LockMode, LockFailure> {
-        let mut guard = self.pin();
+        let b = self.bucket_index(id);
+        let mut guard = self.pin(b);
         let (h, e, held, target, new) = loop {
             let Some(h) = self.find_head(&guard, id, mode != LockMode::N) else {
                 return Ok(LockMode::N);
@@ -1446,7 +1673,7 @@ impl LatchFreeLockTable {
             // never unlinked or freed).
             drop(guard);
             park_timeout(nap);
-            guard = self.pin();
+            guard = self.pin(b);
         }
     }
 }
@@ -1478,7 +1705,7 @@ impl LockTable for LatchFreeLockTable {
     }
 
     fn unlock_tagged(&self, txn: TxnId, id: &LockId, tag: u64) {
-        let guard = self.pin();
+        let guard = self.pin(self.bucket_index(id));
         let Some(h) = self.find_head(&guard, id, false) else {
             return;
         };
@@ -1503,7 +1730,7 @@ impl LockTable for LatchFreeLockTable {
     }
 
     fn is_free(&self, id: &LockId) -> bool {
-        let g = self.pin();
+        let g = self.pin(self.bucket_index(id));
         let Some(h) = self.find_head(&g, id, false) else {
             return true;
         };
@@ -1516,8 +1743,8 @@ impl LockTable for LatchFreeLockTable {
     }
 
     fn tag(&self, id: &LockId) -> u64 {
-        let g = self.pin();
         let b = self.bucket_index(id);
+        let g = self.pin(b);
         let own = self
             .find_head(&g, id, false)
             .map_or(0, |h| h.tag.load(SeqCst));
@@ -1533,7 +1760,7 @@ impl Drop for LatchFreeLockTable {
         self.for_each_head(|h| heads.push(h as *const LockHead as *mut LockHead));
         for s in self.slots.iter_mut() {
             let local = s.local.get_mut();
-            heads.extend(local.heads.drain(..).map(|(_, h)| h));
+            heads.extend(local.heads.drain(..).map(|r| r.ptr));
             for h in local.graveyard.drain(..) {
                 // SAFETY: a reclaimed head kept allocated: owned by the graveyard only (its
                 // entries were recycled when it was reclaimed).
@@ -1555,9 +1782,9 @@ impl Drop for LatchFreeLockTable {
         }
         for s in self.slots.iter_mut() {
             let local = s.local.get_mut();
-            for (_, e) in local.bag.drain(..) {
+            for r in local.bag.drain(..) {
                 // SAFETY: retired entries are unlinked and owned by the bag.
-                drop(unsafe { Box::from_raw(e) });
+                drop(unsafe { Box::from_raw(r.ptr) });
             }
             for e in local.free.drain(..) {
                 // SAFETY: free entries are owned by the free list.

@@ -745,7 +745,7 @@ mod tests {
         for quick in [true, false] {
             let all = workloads::lockexp::e2(quick)
                 .into_iter()
-                .chain(workloads::lockexp::e7(quick));
+                .chain(workloads::lockexp::e7(quick).into_iter().flatten());
             for a in all {
                 let a: Vec<&str> = a.iter().map(String::as_str).collect();
                 let b = parse(&a).unwrap_or_else(|e| panic!("{a:?}: {e}"));

@@ -73,18 +73,33 @@
 //! keep every later obsolete entry linked): as in Harris' list, the entry's `next` pointer is
 //! first marked (frozen), then a CAS on the predecessor's unmarked link (or the list head)
 //! unlinks it, and the thread whose CAS succeeds retires it. The last entry of a list is never
-//! unlinked, so unlinking never races with an append. Unlinked entries are reclaimed in bulk
-//! by an **epoch scheme** over lock-table operations rather than over transactions (the table does
-//! not see transaction begin and end): every operation occupies one of [`SLOTS`] slots
-//! stamped with the global epoch; an unlinked entry is retired into its slot's bag with the
-//! current epoch, and once a bag holds [`RETIRE_BATCH`] entries the epoch is advanced (if every
-//! occupied slot has seen it) and entries retired two epochs ago go back to the slot's free
-//! list (beyond [`FREE_CAP`] they are deallocated). This is §4.1's condition with operations in
-//! place of transactions: no operation that could hold a reference is still running.
-//! [`LatchFreeLockTable::reclaim`] runs a bulk reclamation over all idle slots (what a
-//! background de-allocator would call; the tests use it at quiescent points). A waiter
-//! leaves its slot while parked; its own entry (live, so never unlinked) and its lock head
-//! (which has a live entry, so is never killed) stay valid.
+//! unlinked, so unlinking never races with an append. Unlinked entries are reclaimed by an
+//! **epoch scheme** over lock-table operations rather than over transactions (the table does
+//! not see transaction begin and end), with one **gate per bucket group** rather than one
+//! epoch for the table. The buckets come in groups of [`GROUP_BUCKETS`], one cache line each,
+//! which also holds the group's gate: an epoch and two counters of pinned operations, one
+//! per epoch parity (as in sleepable RCU). An operation on one lock pins the gate of its
+//! bucket's group (the line its lookup loads anyway); the rare operations that reach other
+//! groups' lock heads (the deadlock search through the waiting registry, statistics, bulk
+//! reclamation) pin a table-wide gate of the same kind. A gate's epoch advances past `e` only
+//! once no operation of epoch `e - 1` is pinned, so something unlinked before its group's
+//! epoch read `r` (and the table-wide one read `a`) is unreachable once they reach `r + 2`
+//! (`a + 2`). The thread that unlinks an entry or lock head reuses it **at once** when it is
+//! the only operation pinned on the group and none is pinned table-wide (checked after the
+//! unlink: a later operation starts from the bucket and cannot reach it); otherwise it
+//! defers it in its slot's bag with both epochs, and every [`RETIRE_BATCH`] deferrals the
+//! bag is scanned and what both gates have passed goes back to the slot's free lists
+//! (beyond [`FREE_CAP`] it is deallocated). This is §4.1's condition with operations in
+//! place of transactions and per group: no operation that could hold a reference is still
+//! running. Per-thread state (bags, pools) lives in one of [`SLOTS`] slots that an operation
+//! claims. *Why groups:* with far more threads than cores some pinned thread is nearly
+//! always descheduled; under one table-wide epoch that stalled all reclamation, killed heads
+//! piled up and the pools cycled through thousands of cold ones (txbench read-only fell from
+//! 260k-300k tps at 2 threads to about 150k at 8 and beyond). Now a descheduled thread holds
+//! back one group of 2^15. [`LatchFreeLockTable::reclaim`] runs a bulk reclamation over all
+//! idle slots (what a background de-allocator would call; the tests use it at quiescent
+//! points). A waiter leaves its slot and gate while parked; its own entry (live, so never
+//! unlinked) and its lock head (which has a live entry, so is never killed) stay valid.
 //!
 //! **Lock heads** (*extension:* the paper does not reclaim them; without it memory grows with
 //! the number of distinct lock names ever used, e.g. inserted rows) are killed **eagerly**:
@@ -92,13 +107,14 @@
 //! it. The buckets then hold about as many heads as there are held or awaited locks, so a
 //! lookup stays in cache (with idle heads left linked, txbench read-only at 1 thread spent
 //! most of its lock-table time on cache misses in the bucket array and the heads). Killing
-//! is refused while a slot holds [`KILL_BACKLOG`] retired heads it cannot reclaim yet: with
-//! far more threads than cores a descheduled thread often stays pinned at an old epoch for a
-//! whole scheduling round, and every head killed meanwhile is memory that cannot be freed
-//! (at MPL 512, several million heads and gigabytes). Idle heads then stay linked and are
-//! reused by their next request. A **sweep** also visits the buckets in turn
-//! ([`SWEEP_BUCKETS`] buckets every [`SWEEP_EVERY`] lock heads a slot creates, and all of them
-//! in [`LatchFreeLockTable::reclaim`]) and **kills** every lock head whose requests are all
+//! is refused while a slot holds [`KILL_BACKLOG`] deferred heads it cannot reclaim yet (a
+//! descheduled thread pinned table-wide, in a deadlock search, holds every gate's deferrals
+//! back for a whole scheduling round, and every head killed meanwhile would be memory that
+//! cannot be freed). Idle heads then stay linked and are reused by their next request. A
+//! **sweep** also visits the buckets in turn ([`SWEEP_BUCKETS`] buckets every
+//! [`SWEEP_EVERY`] lock heads a slot creates, at the end of the operation, pinning one group
+//! at a time; and all of them in [`LatchFreeLockTable::reclaim`]) and **kills** every lock
+//! head whose requests are all
 //! obsolete: it reads the tail, checks every entry up to it, and CASes the tail to its marked
 //! value. Appenders CAS the tail as well and fail on a marked one, so of a kill and an
 //! append exactly one wins: an append either lands before the kill (whose CAS then fails) or
@@ -108,16 +124,17 @@
 //! is live per id), and every traversal helps unlink dead heads as in Michael's list: mark
 //! the dead head's `next` (frozen: nothing is appended after it or unlinked through it any
 //! more), then CAS the predecessor's unmarked link. The thread whose CAS unlinks a head
-//! retires it into its slot's bag, and it is reclaimed with the entries still on its list under
-//! the same epoch condition as entries: into the slot's pool of free lock heads (up to
+//! retires it, and it is reclaimed with the entries still on its list under the same
+//! condition as entries: into the slot's pool of free lock heads (up to
 //! [`FREE_CAP`], its key buffer reused by the next head of a key of the same length), freed
 //! beyond that. A killed head's early-lock-release tag is first
 //! folded into a per-stripe floor of buckets, which `tag` includes (the trait allows a tag
 //! shared with other resources).
 //!
 //! *Deviations and limits:* there is no background allocator thread (allocation is in bulk on
-//! demand); a reclamation batch waits while some operation stays pinned (e.g. a descheduled
-//! thread), so the bounds on entries and lock heads are per slot and not strict in time; an
+//! demand); a deferred entry or head waits while some operation stays pinned on its group or
+//! table-wide (e.g. a descheduled thread), so the bounds on entries and lock heads are per
+//! slot and not strict in time; an
 //! idle lock head lives until the sweep next passes its bucket (at most a full sweep, i.e.
 //! `BUCKETS / SWEEP_BUCKETS * SWEEP_EVERY` head creations of the table), and a hot lock head
 //! found idle by the sweep is killed and recreated by its next request.
@@ -142,6 +159,6 @@ mod sync {
 use super::{DeadlockPolicy, LockFailure, LockId, LockMode, LockTable, LockTableFootprint, TxnId};
 
 pub use table::{
-    LatchFreeLockTable, Params, ALLOC_BATCH, BUCKETS, DEADLOCK_RECHECK, FREE_CAP, KILL_BACKLOG,
-    RETIRE_BATCH, SLOTS, SWEEP_BUCKETS, SWEEP_EVERY, WAIT_REGISTRY,
+    LatchFreeLockTable, Params, ALLOC_BATCH, BUCKETS, DEADLOCK_RECHECK, FREE_CAP, GROUP_BUCKETS,
+    KILL_BACKLOG, RETIRE_BATCH, SLOTS, SWEEP_BUCKETS, SWEEP_EVERY, WAIT_REGISTRY,
 };

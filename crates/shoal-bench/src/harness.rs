@@ -768,8 +768,14 @@ fn run_one<W: Workload>(
     rng: &mut SmallRng,
 ) -> Outcome {
     let mut attempt = 0u32;
+    // A restart keeps the first attempt's age (wait-die and wound-wait order by it).
+    let mut age = None;
     loop {
-        let mut tx = db.begin();
+        let mut tx = match age {
+            None => db.begin(),
+            Some(a) => db.begin_retry(a),
+        };
+        age = Some(tx.age());
         let res = match w.execute(cur, &mut tx) {
             Ok(()) if w.rollback(cur) => {
                 tx.abort();

@@ -906,7 +906,23 @@ impl Database {
     /// # }
     /// ```
     pub fn begin(&self) -> Transaction<'_> {
-        Transaction::new(self)
+        Transaction::new(self, None)
+    }
+
+    /// Begins a transaction that restarts an aborted one whose [`age`](Transaction::age) was
+    /// `age`: it gets a new id but keeps that age, as wait-die and wound-wait require (a
+    /// restart with a fresh timestamp could be the youngest, and die, forever).
+    /// [`run`](Self::run) restarts this way.
+    ///
+    /// ```
+    /// let db = shoal::Database::in_memory();
+    /// let tx = db.begin();
+    /// let age = tx.age();
+    /// tx.abort();
+    /// assert_eq!(db.begin_retry(age).age(), age);
+    /// ```
+    pub fn begin_retry(&self, age: u64) -> Transaction<'_> {
+        Transaction::new(self, Some(age))
     }
 
     /// Doppel manual labelling (thesis §3.6): split `key` of `table` for `op` from the next
@@ -1052,8 +1068,10 @@ impl Database {
     pub fn run<T>(&self, mut f: impl FnMut(&mut Transaction<'_>) -> Result<T>) -> Result<T> {
         let mut attempt: u32 = 0;
         let mut stashed: u32 = 0;
+        let mut age = None;
         loop {
-            let mut tx = self.begin();
+            let mut tx = Transaction::new(self, age);
+            age = Some(tx.age());
             let res = match f(&mut tx) {
                 Ok(v) => tx.commit().map(|()| v),
                 Err(e) => {

@@ -299,3 +299,34 @@ fn a_refused_table_lock_names_the_table() {
         ));
     }
 }
+
+/// Wait-die orders by age, and a restart keeps its first attempt's age: a transaction begun
+/// with `begin_retry` for an aborted older one waits for a younger holder (and times out
+/// here), where a fresh transaction dies at once.
+#[test]
+fn wait_die_restart_keeps_its_age() {
+    let db = Database::in_memory_with(Options {
+        deadlock: shoal::lock::DeadlockPolicy::WaitDie,
+        lock_timeout: Duration::from_millis(100),
+        ..Options::default()
+    });
+    let t = db.create_table("t").unwrap();
+    let first = db.begin();
+    let age = first.age();
+    assert_eq!(age, first.id());
+    first.abort();
+    let mut holder = db.begin();
+    holder.put(&t, b"k", b"1").unwrap();
+    // A fresh transaction is younger than the holder: it dies without waiting.
+    let mut fresh = db.begin();
+    let e = fresh.put(&t, b"k", b"2").unwrap_err();
+    assert!(matches!(e, Error::Deadlock { .. }), "{e:?}");
+    fresh.abort();
+    // The restart is older than the holder: it waits, until its lock timeout.
+    let mut retry = db.begin_retry(age);
+    assert!(retry.id() > holder.id() && retry.age() < holder.age());
+    let e = retry.put(&t, b"k", b"3").unwrap_err();
+    assert!(matches!(e, Error::LockTimeout { .. }), "{e:?}");
+    retry.abort();
+    holder.commit().unwrap();
+}

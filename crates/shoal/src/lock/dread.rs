@@ -63,6 +63,30 @@ impl Digest {
 
 thread_local! {
     static PIPELINE: Arc<AtomicU64> = Arc::new(AtomicU64::new(0));
+    /// The transaction whose lock requests this thread makes, and its age (see `set_age`).
+    static AGE: std::cell::Cell<(TxnId, TxnId)> = const { std::cell::Cell::new((0, 0)) };
+}
+
+/// Declares that this thread's next lock requests for `txn` carry the age (wait-die and
+/// wound-wait timestamp) `age`: a transaction restarted after an abort keeps the age of its
+/// first attempt, as the two policies require (Rosenkrantz, Stearns and Lewis 1978: a
+/// restarted transaction that kept being the youngest could die forever). The transaction
+/// layer calls it before every request.
+pub fn set_age(txn: TxnId, age: TxnId) {
+    AGE.with(|a| a.set((txn, age)));
+}
+
+/// The age of `txn`'s requests made on this thread: what [`set_age`] declared for it, else
+/// its id (a transaction's id is the time it began).
+pub fn age_of(txn: TxnId) -> TxnId {
+    AGE.with(|a| {
+        let (t, age) = a.get();
+        if t == txn {
+            age
+        } else {
+            txn
+        }
+    })
 }
 
 /// This thread's flush-pipeline counter: the number of its pipelined commits that are not

@@ -54,7 +54,7 @@ use parking_lot::{Mutex, MutexGuard};
 use rustc_hash::{FxBuildHasher, FxHashMap, FxHashSet};
 use smallvec::SmallVec;
 
-use super::dread::{pipeline_len, txn_fingerprint, Digest, DreadState};
+use super::dread::{age_of, pipeline_len, txn_fingerprint, Digest, DreadState};
 use super::{DeadlockPolicy, LockFailure, LockId, LockMode, LockTable, TxnId, Victim, WaitStyle};
 
 const SHARD_BITS: u32 = 9;
@@ -90,6 +90,8 @@ struct Request {
     thread: Option<Thread>,
     /// Dreadlocks fingerprint of the requesting transaction.
     fp: u32,
+    /// The transaction's age, the timestamp of wait-die and wound-wait (see `dread::set_age`).
+    age: TxnId,
     /// The requesting thread's flush-pipeline length when it asked (victim policies).
     pipe: u32,
 }
@@ -104,6 +106,7 @@ impl Request {
             in_graph: false,
             thread: None,
             fp: txn_fingerprint(txn),
+            age: age_of(txn),
             pipe: pipeline_len().min(u32::MAX as u64) as u32,
         }
     }
@@ -536,6 +539,7 @@ impl SimpleLockTable {
                     in_graph: false,
                     thread: Some(thread::current()),
                     fp: txn_fingerprint(txn),
+                    age: age_of(txn),
                     pipe: pipeline_len().min(u32::MAX as u64) as u32,
                 });
                 q.waiting += 1;
@@ -650,7 +654,9 @@ impl SimpleLockTable {
             if !q.reqs[p].waiting {
                 break Ok(q.reqs[p].granted);
             }
-            let blockers: Vec<(TxnId, u32, u32)> = {
+            let my_age = q.reqs[p].age;
+            // (transaction, fingerprint, pipeline length, age) of every blocker.
+            let blockers: Vec<(TxnId, u32, u32, TxnId)> = {
                 let m = q.reqs[p].requested;
                 let new = q.reqs[p].granted == LockMode::N;
                 q.reqs
@@ -661,7 +667,7 @@ impl SimpleLockTable {
                             && (!o.granted.compatible(m)
                                 || (new && j < p && o.waiting && !o.requested.compatible(m)))
                     })
-                    .map(|(_, o)| (o.txn, o.fp, o.pipe))
+                    .map(|(_, o)| (o.txn, o.fp, o.pipe, o.age))
                     .collect()
             };
             let first_blocker = blockers.first().map(|b| b.0);
@@ -677,16 +683,17 @@ impl SimpleLockTable {
                     DeadlockPolicy::NoWait => Some(LockFailure::Deadlock {
                         blocker: first_blocker,
                     }),
+                    // Ages, not ids: a restarted transaction keeps its first attempt's age.
                     DeadlockPolicy::WaitDie => blockers
                         .iter()
-                        .find(|(b, _, _)| *b < txn)
-                        .map(|(b, _, _)| LockFailure::Deadlock { blocker: Some(*b) }),
+                        .find(|&&(_, _, _, age)| age < my_age)
+                        .map(|&(b, ..)| LockFailure::Deadlock { blocker: Some(b) }),
                     DeadlockPolicy::WoundWait => {
                         if self.dread.take_wound(txn) {
                             Some(LockFailure::Deadlock { blocker: None })
                         } else {
-                            for (b, _, _) in blockers.iter().filter(|(b, _, _)| *b > txn) {
-                                self.dread.wound(*b);
+                            for &(b, ..) in blockers.iter().filter(|&&(.., age)| age > my_age) {
+                                self.dread.wound(b);
                             }
                             None
                         }
@@ -699,11 +706,11 @@ impl SimpleLockTable {
                         let mut found = None;
                         let mut nudge: Vec<TxnId> = Vec::new();
                         let mine = pipeline_len();
-                        for &(b, fp, pipe) in &blockers {
+                        for &(b, fp, pipe, theirs_age) in &blockers {
                             let d = self.dread.digest_of(b, fp);
                             if d.contains(&me) {
                                 let theirs = u64::from(pipe);
-                                let younger = txn > b;
+                                let younger = my_age > theirs_age;
                                 let me_victim = match self.victim {
                                     Victim::KillYoung => younger,
                                     Victim::KillShort => {

@@ -137,6 +137,9 @@ enum WriteKind {
 pub struct Transaction<'db> {
     db: &'db Database,
     id: TxnId,
+    /// The timestamp wait-die, wound-wait and the kill-young victim policy order by: the id,
+    /// or the first attempt's id for a restart ([`Database::begin_retry`]).
+    age: TxnId,
     locking: bool,
     timeout: Duration,
     failed: Option<String>,
@@ -278,16 +281,18 @@ fn collect_ghosts(
 }
 
 impl<'db> Transaction<'db> {
-    pub(crate) fn new(db: &'db Database) -> Self {
+    pub(crate) fn new(db: &'db Database, age: Option<TxnId>) -> Self {
         let inner = &db.inner;
         let cc = inner.opts.cc;
         let locking = cc == ConcurrencyControl::TwoPhaseLocking;
         let serial = (cc == ConcurrencyControl::Serial).then(|| inner.serial.lock());
+        let id = inner
+            .next_txn
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Transaction {
             db,
-            id: inner
-                .next_txn
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            id,
+            age: age.map_or(id, |a| a.min(id)),
             locking,
             timeout: inner.opts.lock_timeout,
             failed: None,
@@ -321,6 +326,34 @@ impl<'db> Transaction<'db> {
     /// ```
     pub fn id(&self) -> u64 {
         self.id
+    }
+
+    /// The transaction's age: the timestamp by which wait-die and wound-wait
+    /// ([`DeadlockPolicy`](crate::lock::DeadlockPolicy)) and the kill-young victim policy
+    /// tell older from younger. It is the id, unless the transaction was begun with
+    /// [`Database::begin_retry`] to restart an aborted one: then it keeps that one's age, so
+    /// that a transaction that keeps being restarted grows older and eventually wins.
+    ///
+    /// ```
+    /// let db = shoal::Database::in_memory();
+    /// let first = db.begin();
+    /// let age = first.age();
+    /// first.abort();
+    /// let _other = db.begin();
+    /// let retry = db.begin_retry(age);
+    /// assert_eq!(retry.age(), age);
+    /// assert!(retry.id() > age);
+    /// ```
+    pub fn age(&self) -> TxnId {
+        self.age
+    }
+
+    /// Tells the lock table the age of this transaction's next requests (only needed when
+    /// it differs from the id).
+    fn declare_age(&self) {
+        if self.age != self.id {
+            crate::lock::dread::set_age(self.id, self.age);
+        }
     }
 
     // ----- checks ---------------------------------------------------------------------------
@@ -445,6 +478,7 @@ impl<'db> Transaction<'db> {
                 return Ok(());
             }
         }
+        self.declare_age();
         match self.db.inner.locks.lock(self.id, &id, mode, self.timeout) {
             Ok(m) => {
                 if self.track_tags {
@@ -473,6 +507,7 @@ impl<'db> Transaction<'db> {
             self.lock(id.clone(), mode)?;
             return Ok(false);
         }
+        self.declare_age();
         match self.db.inner.locks.lock(self.id, id, mode, self.timeout) {
             Ok(_) => Ok(true),
             Err(f) => {

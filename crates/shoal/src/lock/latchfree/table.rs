@@ -749,6 +749,16 @@ impl LatchFreeLockTable {
         }
     }
 
+    /// Debug check that `g`, which unlinked something from bucket `b`, is pinned where it
+    /// could reach it: on `b`'s group, or table-wide. (Immediate reuse relies on it: an
+    /// operation keeps no pointer across an unpin, except a waiter's own live entry and head.)
+    fn check_pinned(&self, g: &Guard<'_>, b: usize) {
+        debug_assert!(
+            g.pin.is_some() && g.group.is_none_or(|grp| grp == b / self.per_group),
+            "unlinked from bucket {b} by an operation not pinned on its group"
+        );
+    }
+
     /// Defers something unlinked from bucket `b` until its gates have passed.
     fn deferred<T>(&self, ptr: *mut T, b: usize) -> Retired<T> {
         let group = b / self.per_group;
@@ -763,6 +773,7 @@ impl LatchFreeLockTable {
     /// Hands an entry unlinked from a lock head of bucket `b` to the reclaimer: reused at
     /// once if no other operation can reach it, else once none can.
     fn retire(&self, g: &Guard<'_>, e: *mut Entry, b: usize) {
+        self.check_pinned(g, b);
         if self.unreachable_now(g, b) {
             // SAFETY: unlinked, and no other operation is pinned where it could reach it.
             unsafe { self.recycle(g.local(), e) };
@@ -777,6 +788,7 @@ impl LatchFreeLockTable {
     /// entries still on its list, at once if no other operation can reach it, else once
     /// none can.
     fn retire_head(&self, g: &Guard<'_>, h: *mut LockHead, b: usize) {
+        self.check_pinned(g, b);
         if self.unreachable_now(g, b) {
             // SAFETY: unlinked, and no other operation is pinned where it could reach it.
             unsafe { self.reclaim_head(g, h) };

@@ -771,10 +771,7 @@ fn run_one<W: Workload>(
     // A restart keeps the first attempt's age (wait-die and wound-wait order by it).
     let mut age = None;
     loop {
-        let mut tx = match age {
-            None => db.begin(),
-            Some(a) => db.begin_retry(a),
-        };
+        let mut tx = age.map_or_else(|| db.begin(), |a| db.begin_retry(a));
         age = Some(tx.age());
         let res = match w.execute(cur, &mut tx) {
             Ok(()) if w.rollback(cur) => {

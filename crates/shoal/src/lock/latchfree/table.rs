@@ -624,8 +624,8 @@ impl LatchFreeLockTable {
 
     /// Number of requests currently waiting on `id`.
     pub fn waiters(&self, id: &LockId) -> usize {
-        let g = self.pin(self.bucket_index(id));
-        let Some(h) = self.find_head(&g, id, false) else {
+        let (g, hash) = self.pin_id(id);
+        let Some(h) = self.find_head(&g, id, hash, false) else {
             return 0;
         };
         let mut n = 0;
@@ -639,8 +639,8 @@ impl LatchFreeLockTable {
 
     /// The mode `txn` currently holds on `id` (`N` if none).
     pub fn held_mode(&self, txn: TxnId, id: &LockId) -> LockMode {
-        let g = self.pin(self.bucket_index(id));
-        self.find_head(&g, id, false)
+        let (g, hash) = self.pin_id(id);
+        self.find_head(&g, id, hash, false)
             .and_then(|h| self.find_entry(h, txn))
             // SAFETY: pinned, so the entry is not recycled while we read it.
             .map_or(LockMode::N, |e| {
@@ -997,8 +997,11 @@ impl LatchFreeLockTable {
         &self.groups[b / self.per_group].buckets[b % self.per_group]
     }
 
-    fn bucket_index(&self, id: &LockId) -> usize {
-        self.bucket_of(Self::hash(id))
+    /// Starts an operation on `id`'s lock head: pinned on its bucket's group. Returns the
+    /// id's hash too, for [`find_head`](Self::find_head).
+    fn pin_id(&self, id: &LockId) -> (Guard<'_>, u64) {
+        let hash = Self::hash(id);
+        (self.pin(self.bucket_of(hash)), hash)
     }
 
     fn tag_floor(&self, bucket: usize) -> &AtomicU64 {
@@ -1096,8 +1099,7 @@ impl LatchFreeLockTable {
     /// helps unlink them. There is at most one live head per id: a new one is appended only
     /// by a traversal that reached the end of the bucket without seeing a live one, and a
     /// dead head never comes back to life.
-    fn find_head(&self, g: &Guard<'_>, id: &LockId, create: bool) -> Option<&LockHead> {
-        let hash = Self::hash(id);
+    fn find_head(&self, g: &Guard<'_>, id: &LockId, hash: u64, create: bool) -> Option<&LockHead> {
         let b = self.bucket_of(hash);
         debug_assert!(g.group.is_none() || g.group == Some(b / self.per_group));
         let bucket = self.bucket(b);
@@ -1541,10 +1543,11 @@ impl LatchFreeLockTable {
         mode: LockMode,
         timeout: Option<Duration>,
     ) -> Result<LockMode, LockFailure> {
-        let b = self.bucket_index(id);
+        let hash = Self::hash(id);
+        let b = self.bucket_of(hash);
         let mut guard = self.pin(b);
         let (h, e, held, target, new) = loop {
-            let Some(h) = self.find_head(&guard, id, mode != LockMode::N) else {
+            let Some(h) = self.find_head(&guard, id, hash, mode != LockMode::N) else {
                 return Ok(LockMode::N);
             };
             match self.find_entry(h, txn) {
@@ -1717,8 +1720,8 @@ impl LockTable for LatchFreeLockTable {
     }
 
     fn unlock_tagged(&self, txn: TxnId, id: &LockId, tag: u64) {
-        let guard = self.pin(self.bucket_index(id));
-        let Some(h) = self.find_head(&guard, id, false) else {
+        let (guard, hash) = self.pin_id(id);
+        let Some(h) = self.find_head(&guard, id, hash, false) else {
             return;
         };
         let Some(e) = self.find_entry(h, txn) else {
@@ -1735,15 +1738,15 @@ impl LockTable for LatchFreeLockTable {
         // Eager kill: a lock head whose last request just became obsolete is killed and
         // unlinked now rather than by the next sweep, so the bucket lists hold about as many
         // heads as there are held or awaited locks and lookups stay in cache.
-        let b = self.bucket_of(h.hash);
+        let b = self.bucket_of(hash);
         if self.may_kill(&guard) && self.try_kill(h, b) {
             self.sweep_bucket(&guard, b, false);
         }
     }
 
     fn is_free(&self, id: &LockId) -> bool {
-        let g = self.pin(self.bucket_index(id));
-        let Some(h) = self.find_head(&g, id, false) else {
+        let (g, hash) = self.pin_id(id);
+        let Some(h) = self.find_head(&g, id, hash, false) else {
             return true;
         };
         let mut free = true;
@@ -1755,14 +1758,13 @@ impl LockTable for LatchFreeLockTable {
     }
 
     fn tag(&self, id: &LockId) -> u64 {
-        let b = self.bucket_index(id);
-        let g = self.pin(b);
+        let (g, hash) = self.pin_id(id);
         let own = self
-            .find_head(&g, id, false)
+            .find_head(&g, id, hash, false)
             .map_or(0, |h| h.tag.load(SeqCst));
         // Read after the lookup: a head killed before the lookup skipped it had its tag
         // folded into the floor before it was marked dead.
-        own.max(self.tag_floor(b).load(SeqCst))
+        own.max(self.tag_floor(self.bucket_of(hash)).load(SeqCst))
     }
 }
 

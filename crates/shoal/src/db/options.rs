@@ -1,0 +1,215 @@
+//! The options of a database.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::lock::{DeadlockPolicy, Victim};
+
+/// Which concurrency control transactions use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ConcurrencyControl {
+    /// Strict two-phase locking with key-range locks (Graefe's modes), cursor locks for scans
+    /// and intent locks on tables and the database. Serializable.
+    #[default]
+    TwoPhaseLocking,
+    /// Optimistic concurrency control after Silo (Tu et al. 2013; Narula's thesis, chapter 3):
+    /// reads record the TID word of every record (and the absence of missing keys, and the
+    /// keys and TIDs every scan saw), writes are buffered, and commit locks the write set in
+    /// a global order, validates the reads and scanned ranges, logs and installs. A failed
+    /// validation aborts with the retryable [`Error::Conflict`](crate::Error::Conflict). No
+    /// lock table, no deadlocks; [`Options::elr`] does not apply. See the module
+    /// documentation of `txn::occ` in the source for the details.
+    ///
+    /// ```
+    /// # fn main() -> shoal::Result<()> {
+    /// use shoal::{ConcurrencyControl, Database, Error, Options};
+    /// let db = Database::in_memory_with(Options {
+    ///     cc: ConcurrencyControl::Optimistic,
+    ///     ..Options::default()
+    /// });
+    /// let t = db.create_table("t")?;
+    /// let mut t1 = db.begin();
+    /// assert_eq!(t1.get(&t, "x")?, None); // T1 reads x (absent)
+    /// db.run(|t2| t2.put(&t, "x", "1"))?; // T2 writes x and commits
+    /// t1.put(&t, "y", "1")?;
+    /// assert!(matches!(t1.commit(), Err(Error::Conflict { .. }))); // T1's read is stale
+    /// # Ok(())
+    /// # }
+    /// ```
+    Optimistic,
+    /// Doppel phase reconciliation (Narula 2015): joined phases run [`Optimistic`](Self::Optimistic);
+    /// split phases run the blind commutative operations on hot records
+    /// ([`Transaction::add_blind`](crate::Transaction::add_blind) and friends) on per-worker
+    /// slices, in parallel, and stash transactions that read those records until the next
+    /// joined phase. Tuned by [`Options::doppel`]; see [`crate::doppel`].
+    ///
+    /// ```
+    /// # fn main() -> shoal::Result<()> {
+    /// use shoal::{ConcurrencyControl, Database, Options};
+    /// use shoal::doppel::SplitOp;
+    /// let db = Database::in_memory_with(Options { cc: ConcurrencyControl::Doppel, ..Options::default() });
+    /// let t = db.create_table("t")?;
+    /// db.split_hint(&t, "hits", SplitOp::Add)?; // split "hits" for ADD from now on
+    /// for _ in 0..10 {
+    ///     db.run(|tx| tx.add_blind(&t, "hits", 1))?;
+    /// }
+    /// // A read is stashed while "hits" is split and runs in the next joined phase.
+    /// assert_eq!(db.run(|tx| tx.get_i64(&t, "hits"))?, Some(10));
+    /// # Ok(())
+    /// # }
+    /// ```
+    Doppel,
+    /// No locks: transactions run one at a time behind a single database-wide mutex. This is
+    /// the cost floor the harness measures concurrency control against; it is serializable
+    /// only because it is serial.
+    Serial,
+}
+
+/// When a commit is acknowledged, relative to its log record reaching stable storage.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum LogMode {
+    /// No log: nothing survives the process. The default for in-memory databases.
+    None,
+    /// `commit` returns once the commit record is durable; concurrent commits share one
+    /// fsync (group commit). The default for [`Database::open`].
+    #[default]
+    Sync,
+    /// Flush pipelining: `commit` returns once the commit record is in the log buffer and the
+    /// thread goes on; the flush daemon releases the transaction's locks (unless early lock
+    /// release freed them already) when the record is durable. See
+    /// [`Transaction::commit_pipelined`](crate::Transaction::commit_pipelined).
+    Pipelined,
+    /// `commit` returns once the commit record is in the log buffer; the flush daemon makes it
+    /// durable within [`Options::async_flush_delay`]. A crash may lose the last commits, never
+    /// a part of one, and never a commit without the commits it depended on.
+    Async,
+}
+
+/// Which lock table 2PL uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum LockTableKind {
+    /// The hash table split into shards with one mutex each (the default).
+    #[default]
+    Sharded,
+    /// One latch over the whole lock table: the traditional design Jung et al. 2013 measure
+    /// against (their Fig. 3, left). For experiments.
+    Latched,
+    /// The latch-free lock table of Jung et al. 2013 ([`LatchFreeLockTable`]).
+    LatchFree,
+}
+
+/// Where intent locks on the database and tables live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum IntentLockKind {
+    /// Lightweight intent locks (Kimura et al. 2012 §3.2): per-object counters outside the
+    /// lock table. The default.
+    #[default]
+    Lightweight,
+    /// Intent locks as ordinary requests in the lock table, the traditional design.
+    LockTable,
+}
+
+/// Early lock release (Athanassoulis et al. 2011; Kimura et al. 2012 §5).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Elr {
+    /// Strict: every lock is held until the commit is durable.
+    #[default]
+    Off,
+    /// Shared locks are released at the commit request, exclusive ones when durable.
+    Shared,
+    /// Every lock is released once the commit record is in the log buffer. Exclusive locks
+    /// leave the commit's LSN as a tag on their queue; a read-only transaction that took a
+    /// tagged lock waits until that LSN is durable before its commit returns (safe SX-ELR,
+    /// Kimura §5.3), so it never reports data that a crash could take back.
+    Sx,
+    /// Like `Sx` without the read-only wait: the anomaly of Kimura §5.2 (Table 6) is
+    /// possible. For experiments only.
+    SxUnsafe,
+}
+
+/// Settings of a [`Database`].
+///
+/// ```
+/// use shoal::{Database, Options, ConcurrencyControl};
+/// use std::time::Duration;
+/// let db = Database::in_memory_with(Options {
+///     cc: ConcurrencyControl::TwoPhaseLocking,
+///     lock_timeout: Duration::from_millis(500),
+///     ..Options::default()
+/// });
+/// assert_eq!(db.options().lock_timeout, Duration::from_millis(500));
+/// ```
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Concurrency control. Default: two-phase locking.
+    pub cc: ConcurrencyControl,
+    /// The lock table. Default: sharded.
+    pub lock_table: LockTableKind,
+    /// Where intent locks live. Default: lightweight intent locks.
+    pub intent_locks: IntentLockKind,
+    /// Which key-range lock modes 2PL uses. Default: Graefe's (the most concurrent); the
+    /// others exist to measure the difference.
+    pub key_range_modes: crate::lock::KeyRangeModes,
+    /// Deadlock handling of the lock table. Default: waits-for graph check on blocking.
+    pub deadlock: DeadlockPolicy,
+    /// Which transaction of a deadlock Dreadlocks rolls back. Default: the younger.
+    pub victim: Victim,
+    /// Longest wait for one lock before the transaction fails with
+    /// [`Error::LockTimeout`]. Default: 2 s.
+    pub lock_timeout: Duration,
+    /// Longest key in bytes. Default: 4096.
+    pub max_key_len: usize,
+    /// Longest value in bytes. Default: 16 MiB.
+    pub max_value_len: usize,
+    /// Commit durability for databases opened with [`Database::open`] (in-memory databases
+    /// never log). Default: [`LogMode::Sync`].
+    pub log: LogMode,
+    /// Early lock release. Default: off.
+    pub elr: Elr,
+    /// Extra delay added to every log flush on top of the real fsync, to emulate a slower log
+    /// device (e.g. 10 ms for a disk). Default: none.
+    pub log_latency: Duration,
+    /// Put the log segments here instead of in the database directory.
+    pub log_dir: Option<PathBuf>,
+    /// Size of the log buffer in bytes (rounded up to a power of two). Default: 32 MiB.
+    pub log_buffer: usize,
+    /// A log segment file is closed and a new one started once it holds this many bytes.
+    /// Default: 64 MiB.
+    pub log_segment_size: u64,
+    /// Longest time an [`LogMode::Async`] commit stays in the buffer. Default: 10 ms.
+    pub async_flush_delay: Duration,
+    /// Take a checkpoint this often in the background (`None`: only when
+    /// [`Database::checkpoint`] is called). Default: none.
+    pub checkpoint_interval: Option<Duration>,
+    /// How many times [`Database::run`] retries a transaction that failed with a retryable
+    /// error before giving the error to the caller. Default: 1000.
+    pub max_retries: u32,
+    /// Parameters of [`ConcurrencyControl::Doppel`] (ignored by the other modes).
+    pub doppel: crate::doppel::DoppelOptions,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            cc: ConcurrencyControl::default(),
+            lock_table: LockTableKind::default(),
+            intent_locks: IntentLockKind::default(),
+            key_range_modes: crate::lock::KeyRangeModes::default(),
+            deadlock: DeadlockPolicy::default(),
+            victim: Victim::default(),
+            lock_timeout: Duration::from_secs(2),
+            max_key_len: 4096,
+            max_value_len: 16 << 20,
+            max_retries: 1000,
+            doppel: crate::doppel::DoppelOptions::default(),
+            log: LogMode::Sync,
+            elr: Elr::Off,
+            log_latency: Duration::ZERO,
+            log_dir: None,
+            log_buffer: 32 << 20,
+            log_segment_size: 64 << 20,
+            async_flush_delay: Duration::from_millis(10),
+            checkpoint_interval: None,
+        }
+    }
+}

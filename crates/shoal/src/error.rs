@@ -146,6 +146,25 @@ pub enum Error {
         /// The earlier failure.
         cause: String,
     },
+    /// A transaction's writes outgrew what one commit record of the log can hold (the log
+    /// buffer's size, at most 1 GiB). Every write counts, rewrites of a key too. Not
+    /// retryable: split the work into smaller transactions, or raise
+    /// [`Options::log_buffer`](crate::Options::log_buffer).
+    #[error(
+        "transaction {txn} writes more than one commit record can hold ({bytes} bytes of \
+         writes, limit {max}): split it or raise Options::log_buffer"
+    )]
+    TransactionTooLarge {
+        /// The transaction.
+        txn: u64,
+        /// Bytes its writes would take in the log.
+        bytes: u64,
+        /// The limit.
+        max: u64,
+    },
+    /// [`Options`](crate::Options) that contradict each other or the limits of the log.
+    #[error("invalid options: {0}")]
+    InvalidOptions(String),
     /// A feature was asked for that this build or configuration does not provide.
     #[error("unsupported: {0}")]
     Unsupported(String),

@@ -44,6 +44,7 @@ pub mod lock;
 pub mod log;
 pub mod storage;
 mod txn;
+mod vfs;
 
 pub use db::{
     ConcurrencyControl, Database, Elr, IntentLockKind, LockTableKind, LogMode, Options,

@@ -52,9 +52,10 @@ impl Database {
     /// ```
     pub fn checkpoint(&self) -> Result<Option<u64>> {
         let inner = &*self.inner;
-        let (Some(log), Some(dir)) = (&inner.log, &inner.dir) else {
+        let (Some(log), Some(dir), Some(disk)) = (&inner.log, &inner.dir, &inner.disk) else {
             return Ok(None);
         };
+        let vfs = &*disk.vfs;
         let _one_at_a_time = inner.checkpoint_lock.lock();
         // Under Doppel a checkpoint runs inside a joined phase: no slice is unreconciled.
         let _pin = match inner.doppel() {
@@ -62,7 +63,7 @@ impl Database {
             None => None,
         };
         let lsn = log.released();
-        let mut w = CheckpointWriter::create(dir, lsn)?;
+        let mut w = CheckpointWriter::create(vfs, dir, lsn)?;
         let mut tables: Vec<Table> = inner.tables.read().values().cloned().collect();
         tables.sort_by_key(|t| t.inner.id);
         let ckpt_txn = inner.next_txn.fetch_add(1, Ordering::Relaxed);
@@ -146,13 +147,11 @@ impl Database {
         // durable before the checkpoint that contains it can replace the log.
         log.flush()?;
         w.finish()?;
-        let segs = segment::list(log.dir())?;
+        let segs = segment::list(vfs, log.dir())?;
         for pair in segs.windows(2) {
             if pair[1].0 <= lsn {
-                std::fs::remove_file(&pair[0].1).map_err(|source| Error::Io {
-                    path: pair[0].1.clone(),
-                    source,
-                })?;
+                vfs.remove(&pair[0].1)
+                    .map_err(crate::vfs::on("remove", &pair[0].1))?;
             }
         }
         Ok(Some(lsn))

@@ -1,6 +1,7 @@
 //! The database handle, its options and table handles.
 
 mod checkpointing;
+mod identity;
 mod options;
 mod recovery;
 
@@ -32,6 +33,7 @@ use crate::log::record::{LogRecord, Write as LogWrite};
 use crate::log::segment;
 use crate::storage::btree::{BTree, Record};
 use crate::txn::Transaction;
+use crate::vfs::{on, Vfs};
 
 pub(crate) struct TableInner {
     pub(crate) id: TableId,
@@ -90,9 +92,39 @@ pub(crate) struct DbInner {
     checkpoint_lock: Mutex<()>,
     stop: Arc<AtomicBool>,
     recovery: Option<RecoveryStats>,
-    _dir_lock: Option<std::fs::File>,
+    /// The file system and the directory locks (databases opened on a directory).
+    pub(crate) disk: Option<Disk>,
+    /// The most log bytes one transaction's writes may take (`u64::MAX` without a log).
+    pub(crate) record_limit: u64,
     /// The Doppel runtime (`cc == Doppel` only).
     pub(crate) doppel: Option<crate::doppel::DoppelHandle>,
+}
+
+/// What a database opened on a directory holds of it.
+pub(crate) struct Disk {
+    pub(crate) vfs: Arc<dyn Vfs>,
+    /// Held for the database's life: the directory's lock and the log directory's.
+    _locks: Vec<crate::vfs::DirLock>,
+    record_limit: u64,
+}
+
+/// Checks that the log can hold what the options let a transaction write; returns the most
+/// bytes of writes one transaction may log.
+fn check_limits(opts: &Options) -> Result<u64> {
+    use crate::log::record::{FRAME_HEADER, MAX_PAYLOAD};
+    let ring = opts.log_buffer.next_power_of_two().max(1 << 16);
+    // The frame header, record kind, transaction id and counts.
+    let limit = ring.min(MAX_PAYLOAD + FRAME_HEADER) as u64 - 32;
+    let one = opts.max_key_len as u64 + opts.max_value_len as u64 + 16;
+    if one > limit {
+        return Err(Error::InvalidOptions(format!(
+            "a write of the longest key ({} bytes) and value ({} bytes) takes {one} bytes of \
+             log, more than one log record can hold ({limit} bytes with a log buffer of {ring} \
+             bytes; at most 1 GiB): lower max_value_len or raise log_buffer",
+            opts.max_key_len, opts.max_value_len
+        )));
+    }
+    Ok(limit)
 }
 
 /// Table ids a database can hold (ids are dense from 1).
@@ -212,98 +244,100 @@ impl Database {
         Self::build(opts, id, None, HashMap::new(), None, None, None)
     }
 
-    /// Opens (creating if needed) the database in directory `dir`, which it locks against a
-    /// second opener.
+    /// Opens (creating if needed) the database in directory `dir`, which it locks against
+    /// every other opener (another handle or process) until the last handle is dropped.
     ///
-    /// This version keeps data in memory only: the write-ahead log and recovery that make the
-    /// directory durable are not built yet, so the tables start empty on every open.
+    /// With a log ([`Options::log`] other than [`LogMode::None`]) opening recovers: it loads
+    /// the newest checkpoint, replays the log after it, cuts a torn tail (a flush cut short by
+    /// a crash; its bytes are kept in a `torn-<LSN>.bin` file beside the log) and reports
+    /// anything else that does not decode as [`Error::Corrupt`] naming the file and offset,
+    /// changing nothing. [`recovery_stats`](Self::recovery_stats) tells what it did. With
+    /// [`LogMode::None`] a directory that holds a log is recovered the same way, and later
+    /// commits are not logged.
+    ///
+    /// The log may live elsewhere ([`Options::log_dir`]); that directory is locked too and is
+    /// marked as this database's (a `SHOAL-ID` file in both), so two databases can never share
+    /// one log. Options whose limits the log cannot hold are refused with
+    /// [`Error::InvalidOptions`].
     ///
     /// ```
     /// # fn main() -> shoal::Result<()> {
     /// let dir = tempfile::tempdir().unwrap();
+    /// {
+    ///     let db = shoal::Database::open(dir.path(), shoal::Options::default())?;
+    ///     assert_eq!(db.dir(), Some(dir.path()));
+    ///     // One owner at a time.
+    ///     assert!(shoal::Database::open(dir.path(), shoal::Options::default()).is_err());
+    ///     let t = db.create_table("t")?;
+    ///     db.run(|tx| tx.put(&t, "k", "v"))?;
+    /// }
     /// let db = shoal::Database::open(dir.path(), shoal::Options::default())?;
-    /// assert_eq!(db.dir(), Some(dir.path()));
-    /// assert!(shoal::Database::open(dir.path(), shoal::Options::default()).is_err());
+    /// let t = db.table("t")?;
+    /// assert_eq!(db.run(|tx| tx.get(&t, "k"))?, Some(b"v".to_vec()));
     /// # Ok(())
     /// # }
     /// ```
     pub fn open(dir: impl AsRef<Path>, opts: Options) -> Result<Database> {
-        let dir = dir.as_ref();
-        std::fs::create_dir_all(dir).map_err(|source| Error::Io {
-            path: dir.to_path_buf(),
-            source,
-        })?;
-        let lock_path = dir.join("LOCK");
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)
-            .map_err(|source| Error::Io {
-                path: lock_path.clone(),
-                source,
-            })?;
-        match file.try_lock() {
-            Ok(()) => {}
-            Err(std::fs::TryLockError::WouldBlock) => {
-                return Err(Error::Io {
-                    path: lock_path,
-                    source: std::io::Error::new(
-                        std::io::ErrorKind::WouldBlock,
-                        "the database is open in another handle or process",
-                    ),
-                })
-            }
-            Err(std::fs::TryLockError::Error(source)) => {
-                return Err(Error::Io {
-                    path: lock_path,
-                    source,
-                })
-            }
-        }
-        let db_id = NEXT_DB_ID.fetch_add(1, Ordering::Relaxed);
-        if opts.log == LogMode::None {
-            return Ok(Self::build(
-                opts,
-                db_id,
-                Some(dir.to_path_buf()),
-                HashMap::new(),
-                None,
-                None,
-                Some(file),
-            ));
-        }
+        Self::open_on(crate::vfs::std_fs(), dir.as_ref(), opts)
+    }
+
+    /// [`open`](Self::open) on the file system `vfs`.
+    pub(crate) fn open_on(vfs: Arc<dyn Vfs>, dir: &Path, opts: Options) -> Result<Database> {
+        vfs.create_dir_all(dir).map_err(on("create-dir", dir))?;
+        let mut locks = vec![vfs.lock_dir(dir).map_err(on("lock", dir))?];
         let log_dir = opts.log_dir.clone().unwrap_or_else(|| dir.to_path_buf());
-        std::fs::create_dir_all(&log_dir).map_err(|source| Error::Io {
-            path: log_dir.clone(),
-            source,
-        })?;
-        let (tables, stats) = recover(dir, &log_dir, db_id)?;
-        let policy = match opts.log {
-            LogMode::Async => FlushPolicy::Periodic(opts.async_flush_delay),
-            _ => FlushPolicy::Eager,
+        vfs.create_dir_all(&log_dir)
+            .map_err(on("create-dir", &log_dir))?;
+        let separate = vfs.canonical(&log_dir).map_err(on("resolve", &log_dir))?
+            != vfs.canonical(dir).map_err(on("resolve", dir))?;
+        if separate {
+            locks.push(vfs.lock_dir(&log_dir).map_err(on("lock", &log_dir))?);
+        }
+        identity::claim(&*vfs, dir, separate.then_some(&*log_dir))?;
+        let record_limit = if opts.log == LogMode::None {
+            u64::MAX
+        } else {
+            check_limits(&opts)?
         };
-        let log = LogBuffer::start(
-            LogConfig {
-                dir: log_dir,
-                capacity: opts.log_buffer,
-                segment_size: opts.log_segment_size,
-                extra_latency: opts.log_latency,
-                policy,
-            },
-            stats.end_lsn,
-        )?;
+        checkpoint::remove_unfinished(&*vfs, dir)?;
+        let db_id = NEXT_DB_ID.fetch_add(1, Ordering::Relaxed);
+        let (tables, stats) = recover(&*vfs, dir, &log_dir, db_id)?;
+        let log = if opts.log == LogMode::None {
+            None
+        } else {
+            let policy = match opts.log {
+                LogMode::Async => FlushPolicy::Periodic(opts.async_flush_delay),
+                _ => FlushPolicy::Eager,
+            };
+            Some(LogBuffer::start(
+                LogConfig {
+                    vfs: Arc::clone(&vfs),
+                    dir: log_dir,
+                    capacity: opts.log_buffer,
+                    segment_size: opts.log_segment_size,
+                    extra_latency: opts.log_latency,
+                    policy,
+                },
+                stats.end_lsn,
+            )?)
+        };
         let db = Self::build(
             opts,
             db_id,
             Some(dir.to_path_buf()),
             tables,
-            Some(log),
+            log,
             Some(stats),
-            Some(file),
+            Some(Disk {
+                vfs,
+                _locks: locks,
+                record_limit,
+            }),
         );
         if let Some(every) = db.inner.opts.checkpoint_interval {
-            db.spawn_checkpointer(every)?;
+            if db.inner.log.is_some() {
+                db.spawn_checkpointer(every)?;
+            }
         }
         Ok(db)
     }
@@ -315,7 +349,7 @@ impl Database {
         tables: HashMap<String, Table>,
         log: Option<LogBuffer>,
         recovery: Option<RecoveryStats>,
-        lock: Option<std::fs::File>,
+        disk: Option<Disk>,
     ) -> Database {
         let locks: Arc<dyn LockTable> = match opts.lock_table {
             LockTableKind::Sharded => {
@@ -357,7 +391,8 @@ impl Database {
                 checkpoint_lock: Mutex::new(()),
                 stop: Arc::new(AtomicBool::new(false)),
                 recovery,
-                _dir_lock: lock,
+                record_limit: disk.as_ref().map_or(u64::MAX, |d| d.record_limit),
+                disk,
                 doppel,
             }),
         };

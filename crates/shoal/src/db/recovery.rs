@@ -11,8 +11,10 @@ pub struct RecoveryStats {
     pub checkpoint_rows: u64,
     /// Log records replayed after the checkpoint.
     pub log_records: u64,
-    /// Bytes of a torn last record that were cut off.
+    /// Bytes of a torn tail cut from the end of the log (a flush cut short by a crash).
     pub torn_bytes: u64,
+    /// Where those bytes were kept (`torn-<LSN>.bin` in the log directory), if any.
+    pub torn_file: Option<PathBuf>,
     /// The LSN the log continues from.
     pub end_lsn: u64,
     /// Wall time of the whole recovery.
@@ -33,6 +35,7 @@ fn table_of<'a>(
 
 /// Rebuilds the tables from the newest checkpoint and the log after it.
 pub(super) fn recover(
+    vfs: &dyn Vfs,
     dir: &Path,
     log_dir: &Path,
     db_id: u64,
@@ -124,7 +127,7 @@ pub(super) fn recover(
                 }),
             }
         };
-    if let Some(ck) = checkpoint::load_latest(dir)? {
+    if let Some(ck) = checkpoint::load_latest(vfs, dir)? {
         from = ck.lsn;
         stats.checkpoint_lsn = Some(ck.lsn);
         for rec in ck.records {
@@ -132,12 +135,13 @@ pub(super) fn recover(
         }
     }
     let mut records = 0u64;
-    let scan = segment::replay(log_dir, from, |lsn, rec| {
+    let scan = segment::replay(vfs, log_dir, from, |lsn, rec| {
         records += 1;
         apply(&mut by_id, rec, (log_dir, lsn)).map(|_| ())
     })?;
     stats.log_records = records;
     stats.torn_bytes = scan.torn_bytes;
+    stats.torn_file = scan.torn_file;
     stats.end_lsn = scan.end;
     stats.elapsed = t0.elapsed();
     let tables = by_id

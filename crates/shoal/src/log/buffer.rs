@@ -16,8 +16,6 @@
 //! after it is reported durable.
 
 use std::cell::UnsafeCell;
-use std::fs::File;
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -25,8 +23,10 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
+use super::record::{frame_salt, FRAME_HEADER};
 use super::segment;
 use crate::error::{Error, Result};
+use crate::vfs::{on, VFile, Vfs};
 
 /// How the flusher is driven.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,8 +38,9 @@ pub(crate) enum FlushPolicy {
 }
 
 /// Settings of a log.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub(crate) struct LogConfig {
+    pub vfs: Arc<dyn Vfs>,
     pub dir: PathBuf,
     pub capacity: usize,
     pub segment_size: u64,
@@ -72,7 +73,9 @@ pub(crate) struct LogShared {
     claim: Mutex<ClaimState>,
     released: AtomicU64,
     durable: AtomicU64,
-    failed: AtomicBool,
+    /// Set once, when a write or fsync fails; read by every operation of every transaction,
+    /// so it sits on a cache line of its own.
+    failed: crossbeam_utils::CachePadded<AtomicBool>,
     failure: Mutex<Option<String>>,
     /// Waiters for `durable` (and for ring space) sleep here.
     wait_lock: Mutex<()>,
@@ -100,8 +103,27 @@ impl LogShared {
         Error::Io {
             path: self.dir.clone(),
             source: std::io::Error::other(format!(
-                "the log is unusable after an earlier failure: {msg}"
+                "the log failed ({msg}); this handle refuses further work: reopen the \
+                 database to recover"
             )),
+        }
+    }
+
+    /// Copies `src` into the ring at the positions of LSN `at` onwards (wrapping around).
+    ///
+    /// # Safety
+    /// The caller owns `[at, at + src.len())`: claimed, not yet released.
+    unsafe fn copy_in(&self, at: u64, src: &[u8]) {
+        let start = (at % self.cap as u64) as usize;
+        let first = src.len().min(self.cap - start);
+        // SAFETY: both ranges lie inside the ring (`first <= cap - start`, and the rest is
+        // shorter than `cap` because a record is at most `cap` bytes); the caller owns them.
+        unsafe {
+            let base = (*self.ring.data.get()).as_mut_ptr();
+            std::ptr::copy_nonoverlapping(src.as_ptr(), base.add(start), first);
+            if first < src.len() {
+                std::ptr::copy_nonoverlapping(src.as_ptr().add(first), base, src.len() - first);
+            }
         }
     }
 
@@ -131,7 +153,7 @@ impl LogBuffer {
             claim: Mutex::new(ClaimState { next: start }),
             released: AtomicU64::new(start),
             durable: AtomicU64::new(start),
-            failed: AtomicBool::new(false),
+            failed: crossbeam_utils::CachePadded::new(AtomicBool::new(false)),
             failure: Mutex::new(None),
             wait_lock: Mutex::new(()),
             durable_cv: Condvar::new(),
@@ -142,7 +164,7 @@ impl LogBuffer {
             flushes: AtomicU64::new(0),
             callbacks: Mutex::new(Vec::new()),
         });
-        let file = segment::create(&cfg.dir, start)?;
+        let file = segment::create(&*cfg.vfs, &cfg.dir, start)?;
         let sh = Arc::clone(&shared);
         let flusher = std::thread::Builder::new()
             .name("shoal-log-flusher".into())
@@ -157,14 +179,17 @@ impl LogBuffer {
         })
     }
 
-    /// Appends one framed record; returns its `(lsn, end)`. The record is in the buffer (and
+    /// Appends one framed record (encoded at position 0, as [`LogRecord::encode`] does; it is
+    /// re-salted for its LSN here); returns its `(lsn, end)`. The record is in the buffer (and
     /// ordered after every earlier insert) when this returns, not yet durable.
+    ///
+    /// [`LogRecord::encode`]: super::record::LogRecord::encode
     pub fn insert(&self, bytes: &[u8]) -> Result<(u64, u64)> {
         let sh = &*self.shared;
         let len = bytes.len() as u64;
-        if bytes.len() > sh.cap / 2 {
+        if bytes.len() > sh.cap || bytes.len() < FRAME_HEADER {
             return Err(Error::Unsupported(format!(
-                "a transaction's log record of {} bytes exceeds half the log buffer ({} bytes)",
+                "a log record of {} bytes does not fit the log buffer ({} bytes)",
                 bytes.len(),
                 sh.cap
             )));
@@ -191,18 +216,18 @@ impl LogBuffer {
             c.next += len;
             lsn
         };
-        // 2. Copy, outside any critical section.
-        let start = (lsn % sh.cap as u64) as usize;
-        let first = bytes.len().min(sh.cap - start);
+        // 2. Copy, outside any critical section; the checksum gets the salt of the LSN.
+        let mut header = [0u8; FRAME_HEADER];
+        header.copy_from_slice(&bytes[..FRAME_HEADER]);
+        let crc =
+            u32::from_le_bytes([header[4], header[5], header[6], header[7]]) ^ frame_salt(lsn);
+        header[4..8].copy_from_slice(&crc.to_le_bytes());
         // SAFETY: `[lsn, lsn + len)` was claimed by this thread alone; its ring positions are
         // free because `lsn + len - durable <= cap` (checked under the claim mutex, and
         // `durable` only grows), and the flusher reads only below `released <= lsn`.
         unsafe {
-            let base = (*sh.ring.data.get()).as_mut_ptr();
-            std::ptr::copy_nonoverlapping(bytes.as_ptr(), base.add(start), first);
-            if first < bytes.len() {
-                std::ptr::copy_nonoverlapping(bytes.as_ptr().add(first), base, bytes.len() - first);
-            }
+            sh.copy_in(lsn, &header);
+            sh.copy_in(lsn + FRAME_HEADER as u64, &bytes[FRAME_HEADER..]);
         }
         // 3. Release in LSN order.
         let mut spins = 0u32;
@@ -216,6 +241,17 @@ impl LogBuffer {
         }
         sh.released.store(lsn + len, Ordering::Release);
         Ok((lsn, lsn + len))
+    }
+
+    /// Fails once the log has failed: a failed write or fsync leaves the log unusable, and
+    /// the database refuses every later operation (what is in memory may include commits
+    /// that will never be durable). Reopening the database recovers.
+    pub fn check(&self) -> Result<()> {
+        if self.shared.failed.load(Ordering::Acquire) {
+            Err(self.shared.fail_error())
+        } else {
+            Ok(())
+        }
     }
 
     /// The durable LSN: every record that ends at or below it is on stable storage.
@@ -292,7 +328,7 @@ impl Drop for LogBuffer {
     }
 }
 
-fn flusher_main(sh: Arc<LogShared>, cfg: LogConfig, mut file: File, start: u64) {
+fn flusher_main(sh: Arc<LogShared>, cfg: LogConfig, mut file: Box<dyn VFile>, start: u64) {
     let mut seg_start = start;
     let mut durable = start;
     loop {
@@ -361,15 +397,12 @@ fn flusher_main(sh: Arc<LogShared>, cfg: LogConfig, mut file: File, start: u64) 
 fn flush_range(
     sh: &LogShared,
     cfg: &LogConfig,
-    file: &mut File,
+    file: &mut Box<dyn VFile>,
     seg_start: &mut u64,
     from: u64,
     to: u64,
 ) -> Result<()> {
-    let io = |source| Error::Io {
-        path: segment::path(&cfg.dir, *seg_start),
-        source,
-    };
+    let seg = segment::path(&cfg.dir, *seg_start);
     // The emulated device latency comes first: until it has passed, nothing of this flush is
     // in the file, as with a real slow device (a crash during it loses the whole group).
     if !cfg.extra_latency.is_zero() {
@@ -384,13 +417,13 @@ fn flush_range(
         // finished copying (acquire load of `released` above), and no inserter can reuse
         // these positions before `durable` passes them, which happens only after this write.
         let chunk = unsafe { &(&(*sh.ring.data.get()))[pos..pos + n] };
-        file.write_all(chunk).map_err(io)?;
+        file.write_all(chunk).map_err(on("write", &seg))?;
         at += n as u64;
     }
-    file.sync_data().map_err(io)?;
+    file.sync().map_err(on("fsync", &seg))?;
     // Rotate at a record boundary (`to` always is one) once the segment is big enough.
     if to - *seg_start >= cfg.segment_size {
-        *file = segment::create(&cfg.dir, to)?;
+        *file = segment::create(&*cfg.vfs, &cfg.dir, to)?;
         *seg_start = to;
     }
     Ok(())

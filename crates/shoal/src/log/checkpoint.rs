@@ -11,67 +11,87 @@
 //! carrying the rows in chunks, and a final `CheckpointEnd` whose record count proves the
 //! file complete.
 
-use std::fs::{self, File, OpenOptions};
-use std::io::{BufWriter, Write as _};
 use std::path::{Path, PathBuf};
 
-use super::record::{decode_frame, Frame, LogRecord, Write};
+use super::record::{decode_frame_at, place_frame, Frame, LogRecord, Write};
 use super::segment::sync_dir;
 use crate::error::{Error, Result};
+use crate::vfs::{on, BufFile, Vfs};
 
 const PREFIX: &str = "checkpoint-";
 const SUFFIX: &str = ".ckpt";
+const TMP: &str = ".tmp";
 
 fn path(dir: &Path, lsn: u64) -> PathBuf {
     dir.join(format!("{PREFIX}{lsn:020}{SUFFIX}"))
 }
 
 /// Lists complete checkpoint files, sorted by LSN.
-pub(crate) fn list(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
-    super::segment::list_numbered(dir, PREFIX, SUFFIX)
+pub(crate) fn list(vfs: &dyn Vfs, dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
+    super::segment::list_numbered(vfs, dir, PREFIX, SUFFIX)
 }
 
-/// Writes a checkpoint covering the log below `lsn`. `rows` yields, per table, chunks of
-/// rows; it is called once and must produce committed data only.
-pub(crate) struct CheckpointWriter {
+/// Removes the temporary files of checkpoints that never completed (a crash or an error
+/// while one was written): they were never renamed, so nothing refers to them.
+pub(crate) fn remove_unfinished(vfs: &dyn Vfs, dir: &Path) -> Result<usize> {
+    let tmps = super::segment::list_numbered(vfs, dir, PREFIX, TMP)?;
+    for (_, p) in &tmps {
+        vfs.remove(p).map_err(on("remove", p))?;
+    }
+    if !tmps.is_empty() {
+        sync_dir(vfs, dir)?;
+    }
+    Ok(tmps.len())
+}
+
+/// Writes a checkpoint covering the log below `lsn`, record by record; the caller passes
+/// committed data only. Dropped before [`finish`](Self::finish), it removes its temporary
+/// file.
+pub(crate) struct CheckpointWriter<'v> {
+    vfs: &'v dyn Vfs,
     dir: PathBuf,
     lsn: u64,
     tmp: PathBuf,
-    out: BufWriter<File>,
+    out: Option<BufFile>,
     records: u64,
     buf: Vec<u8>,
 }
 
-impl CheckpointWriter {
-    pub fn create(dir: &Path, lsn: u64) -> Result<Self> {
-        let tmp = dir.join(format!("{PREFIX}{lsn:020}.tmp"));
-        let f = OpenOptions::new()
-            .create(true)
-            .write(true)
-            .truncate(true)
-            .open(&tmp)
-            .map_err(|source| Error::Io {
-                path: tmp.clone(),
-                source,
-            })?;
+impl<'v> CheckpointWriter<'v> {
+    pub fn create(vfs: &'v dyn Vfs, dir: &Path, lsn: u64) -> Result<Self> {
+        let tmp = dir.join(format!("{PREFIX}{lsn:020}{TMP}"));
+        // A leftover of an earlier attempt at the same LSN.
+        let _ = vfs.remove(&tmp);
+        let out = BufFile::create(vfs, &tmp)?;
         Ok(CheckpointWriter {
+            vfs,
             dir: dir.to_path_buf(),
             lsn,
             tmp,
-            out: BufWriter::with_capacity(1 << 20, f),
+            out: Some(out),
             records: 0,
             buf: Vec::new(),
         })
     }
 
     pub fn record(&mut self, rec: &LogRecord) -> Result<()> {
+        let out = self.out.as_mut().ok_or_else(|| Error::Io {
+            path: self.tmp.clone(),
+            source: std::io::Error::other("checkpoint writer already finished"),
+        })?;
         self.buf.clear();
         rec.encode_into(&mut self.buf);
+        if self.buf.len() - super::record::FRAME_HEADER > super::record::MAX_PAYLOAD {
+            return Err(Error::Unsupported(format!(
+                "a checkpoint record of {} bytes exceeds the log's limit of {} bytes",
+                self.buf.len(),
+                super::record::MAX_PAYLOAD
+            )));
+        }
+        // Frames are salted with their offset in the file.
+        place_frame(&mut self.buf, 0, out.position());
         self.records += 1;
-        self.out.write_all(&self.buf).map_err(|source| Error::Io {
-            path: self.tmp.clone(),
-            source,
-        })
+        out.write(&self.buf)
     }
 
     pub fn table(&mut self, id: u32, name: &str) -> Result<()> {
@@ -88,32 +108,85 @@ impl CheckpointWriter {
         self.record(&LogRecord::Commit { txn: 0, writes })
     }
 
-    /// Completes the file durably and removes older checkpoints; returns the path.
+    /// Completes the file durably, reads it back whole (a checkpoint must be known readable
+    /// before anything it replaces is deleted), then removes older checkpoints; returns the
+    /// path.
     pub fn finish(mut self) -> Result<PathBuf> {
         let end = LogRecord::CheckpointEnd {
             lsn: self.lsn,
             records: self.records,
         };
         self.record(&end)?;
-        let io = |p: &Path| {
-            let p = p.to_path_buf();
-            move |source| Error::Io { path: p, source }
-        };
-        let f = self.out.into_inner().map_err(|e| Error::Io {
-            path: self.tmp.clone(),
-            source: e.into_error(),
-        })?;
-        f.sync_all().map_err(io(&self.tmp))?;
-        drop(f);
+        let vfs = self.vfs;
+        if let Some(out) = self.out.as_mut() {
+            out.sync()?;
+        }
         let fin = path(&self.dir, self.lsn);
-        fs::rename(&self.tmp, &fin).map_err(io(&fin))?;
-        sync_dir(&self.dir)?;
-        for (l, p) in list(&self.dir)? {
+        // On failure, drop removes the temporary file.
+        vfs.rename(&self.tmp, &fin)
+            .map_err(on("rename", &self.tmp))?;
+        self.out = None;
+        sync_dir(vfs, &self.dir)?;
+        if let Err(e) = read(vfs, &fin, self.lsn, |_| Ok(())) {
+            // Unreadable: never let it stand in for the log.
+            let _ = vfs.remove(&fin);
+            let _ = sync_dir(vfs, &self.dir);
+            return Err(e);
+        }
+        for (l, p) in list(vfs, &self.dir)? {
             if l < self.lsn {
-                fs::remove_file(&p).map_err(io(&p))?;
+                vfs.remove(&p).map_err(on("remove", &p))?;
             }
         }
         Ok(fin)
+    }
+}
+
+impl Drop for CheckpointWriter<'_> {
+    fn drop(&mut self) {
+        if self.out.take().is_some() {
+            // Not finished: the partial file must not linger (it fills a disk that is full
+            // already, and nothing will ever read it).
+            let _ = self.vfs.remove(&self.tmp);
+        }
+    }
+}
+
+/// Decodes the checkpoint file `p` of LSN `lsn` record by record, calling `f` on every record
+/// before the end marker, and checks the marker.
+fn read(
+    vfs: &dyn Vfs,
+    p: &Path,
+    lsn: u64,
+    mut f: impl FnMut(LogRecord) -> Result<()>,
+) -> Result<()> {
+    let bytes = vfs.read(p).map_err(on("read", p))?;
+    let corrupt = |offset: usize, detail: String| Error::Corrupt {
+        path: p.to_path_buf(),
+        offset: offset as u64,
+        detail,
+    };
+    let mut off = 0;
+    let mut records = 0u64;
+    loop {
+        match decode_frame_at(&bytes[off..], off as u64) {
+            Frame::Record(LogRecord::CheckpointEnd { lsn: l, records: n }, len) => {
+                if l != lsn || n != records || off + len != bytes.len() {
+                    return Err(corrupt(
+                        off,
+                        "checkpoint end marker does not match the file".into(),
+                    ));
+                }
+                return Ok(());
+            }
+            Frame::Record(r, len) => {
+                records += 1;
+                f(r)?;
+                off += len;
+            }
+            Frame::Truncated => return Err(corrupt(off, "checkpoint file is incomplete".into())),
+            Frame::Bad(detail) => return Err(corrupt(off, detail)),
+        }
     }
 }
 
@@ -125,46 +198,14 @@ pub(crate) struct Loaded {
 
 /// Loads the newest checkpoint, if any. A damaged checkpoint is an error naming the file:
 /// older log segments may already be gone, so falling back could lose committed data.
-pub(crate) fn load_latest(dir: &Path) -> Result<Option<Loaded>> {
-    let Some((lsn, p)) = list(dir)?.pop() else {
+pub(crate) fn load_latest(vfs: &dyn Vfs, dir: &Path) -> Result<Option<Loaded>> {
+    let Some((lsn, p)) = list(vfs, dir)?.pop() else {
         return Ok(None);
     };
-    let bytes = fs::read(&p).map_err(|source| Error::Io {
-        path: p.clone(),
-        source,
-    })?;
-    let mut off = 0;
     let mut records = Vec::new();
-    loop {
-        match decode_frame(&bytes[off..]) {
-            Frame::Record(LogRecord::CheckpointEnd { lsn: l, records: n }, len) => {
-                if l != lsn || n != records.len() as u64 || off + len != bytes.len() {
-                    return Err(Error::Corrupt {
-                        path: p,
-                        offset: off as u64,
-                        detail: "checkpoint end marker does not match the file".into(),
-                    });
-                }
-                return Ok(Some(Loaded { lsn, records }));
-            }
-            Frame::Record(r, len) => {
-                records.push(r);
-                off += len;
-            }
-            Frame::Truncated => {
-                return Err(Error::Corrupt {
-                    path: p,
-                    offset: off as u64,
-                    detail: "checkpoint file is incomplete".into(),
-                })
-            }
-            Frame::Bad(detail) => {
-                return Err(Error::Corrupt {
-                    path: p,
-                    offset: off as u64,
-                    detail,
-                })
-            }
-        }
-    }
+    read(vfs, &p, lsn, |r| {
+        records.push(r);
+        Ok(())
+    })?;
+    Ok(Some(Loaded { lsn, records }))
 }

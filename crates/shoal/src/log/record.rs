@@ -6,7 +6,12 @@
 //! deltas) make replay idempotent, which lets a fuzzy checkpoint overlap the log it covers.
 //!
 //! Frame: `len: u32 LE | crc: u32 LE | payload[len]`, where `crc` is CRC32C over the four
-//! length bytes followed by the payload, so a torn length is caught too.
+//! length bytes followed by the payload, so a torn length is caught too, XORed with a salt
+//! derived from the frame's position (its LSN in the log, its offset in a checkpoint file;
+//! the salt of position 0 is 0). A frame therefore checks out only where it was written: a
+//! frame copied elsewhere (a log record stored inside a value, a segment file under the wrong
+//! name) reads as damage, not as a record, so recovery can tell a torn tail from a damaged
+//! record that valid records follow.
 
 /// Bytes of frame header before the payload.
 pub const FRAME_HEADER: usize = 8;
@@ -160,6 +165,37 @@ fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
     out.extend_from_slice(b);
 }
 
+/// The checksum salt of a frame at position `at` (0 for position 0).
+///
+/// ```
+/// use shoal::log::record::frame_salt;
+/// assert_eq!(frame_salt(0), 0);
+/// assert_ne!(frame_salt(1), frame_salt(2));
+/// ```
+pub fn frame_salt(at: u64) -> u32 {
+    let x = at.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    (x ^ (x >> 29) ^ (x >> 32)) as u32
+}
+
+/// Moves the encoded frame at the start of `frame` from position `from` to position `to`
+/// (re-salts its checksum; [`LogRecord::encode`] places a frame at position 0).
+///
+/// ```
+/// use shoal::log::record::{decode_frame_at, place_frame, Frame, LogRecord};
+/// let rec = LogRecord::CreateTable { id: 1, name: "t".into() };
+/// let mut bytes = rec.encode();
+/// place_frame(&mut bytes, 0, 4096);
+/// assert_eq!(decode_frame_at(&bytes, 4096), Frame::Record(rec, bytes.len()));
+/// assert!(matches!(decode_frame_at(&bytes, 0), Frame::Bad(_)));
+/// ```
+pub fn place_frame(frame: &mut [u8], from: u64, to: u64) {
+    let salt = frame_salt(from) ^ frame_salt(to);
+    if let Some(c) = frame.get_mut(4..8) {
+        let crc = u32::from_le_bytes([c[0], c[1], c[2], c[3]]) ^ salt;
+        c.copy_from_slice(&crc.to_le_bytes());
+    }
+}
+
 /// What [`decode_frame`] found at an offset.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Frame {
@@ -171,13 +207,20 @@ pub enum Frame {
     Bad(String),
 }
 
-/// Decodes the frame at the start of `buf`. Never panics, whatever the bytes.
+/// Decodes the frame at the start of `buf`, placed at position 0. Never panics, whatever the
+/// bytes.
 pub fn decode_frame(buf: &[u8]) -> Frame {
+    decode_frame_at(buf, 0)
+}
+
+/// Decodes the frame at the start of `buf`, which sits at position `at` (an LSN in the log,
+/// an offset in a checkpoint file). Never panics, whatever the bytes.
+pub fn decode_frame_at(buf: &[u8], at: u64) -> Frame {
     if buf.len() < FRAME_HEADER {
         return Frame::Truncated;
     }
     let len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
-    let crc = u32::from_le_bytes([buf[4], buf[5], buf[6], buf[7]]);
+    let crc = u32::from_le_bytes([buf[4], buf[5], buf[6], buf[7]]) ^ frame_salt(at);
     if len > MAX_PAYLOAD {
         return Frame::Bad(format!("implausible record length {len}"));
     }
@@ -353,6 +396,19 @@ mod tests {
                 Frame::Record(..) => panic!("flip of bit {i} went unnoticed"),
                 Frame::Truncated | Frame::Bad(_) => {}
             }
+        }
+    }
+
+    #[test]
+    fn a_frame_checks_out_only_where_it_was_placed() {
+        let mut bytes = sample().encode();
+        place_frame(&mut bytes, 0, 77);
+        assert!(matches!(decode_frame_at(&bytes, 77), Frame::Record(..)));
+        for at in [0, 76, 78, 77 + 4096, 1 << 40] {
+            assert!(
+                matches!(decode_frame_at(&bytes, at), Frame::Bad(_)),
+                "at {at}"
+            );
         }
     }
 

@@ -1,11 +1,11 @@
 //! Log segment files: `log-<start LSN, 20 digits>.seg`, each holding the log bytes from its
 //! start LSN on, whole records only. Also reading the log back for recovery.
 
-use std::fs::{self, File, OpenOptions};
 use std::path::{Path, PathBuf};
 
-use super::record::{decode_frame, Frame, LogRecord};
+use super::record::{decode_frame_at, Frame, LogRecord};
 use crate::error::{Error, Result};
+use crate::vfs::{on, VFile, Vfs};
 
 const PREFIX: &str = "log-";
 const SUFFIX: &str = ".seg";
@@ -16,55 +16,57 @@ pub(crate) fn path(dir: &Path, start: u64) -> PathBuf {
 }
 
 /// Fsyncs a directory so that file creations, renames and removals in it are durable.
-pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|source| Error::Io {
-            path: dir.to_path_buf(),
-            source,
-        })
+pub(crate) fn sync_dir(vfs: &dyn Vfs, dir: &Path) -> Result<()> {
+    vfs.sync_dir(dir).map_err(on("fsync-dir", dir))
 }
 
-/// Creates (or truncates) the segment starting at `start`, durably.
-pub(crate) fn create(dir: &Path, start: u64) -> Result<File> {
+/// Creates the segment starting at `start`, durably. An empty file of that name (a segment
+/// started just before a crash) is reused; one with contents is never overwritten.
+pub(crate) fn create(vfs: &dyn Vfs, dir: &Path, start: u64) -> Result<Box<dyn VFile>> {
     let p = path(dir, start);
-    let f = OpenOptions::new()
-        .create(true)
-        .write(true)
-        .truncate(true)
-        .open(&p)
-        .map_err(|source| Error::Io {
-            path: p.clone(),
-            source,
-        })?;
-    f.sync_all()
-        .map_err(|source| Error::Io { path: p, source })?;
-    sync_dir(dir)?;
+    let mut f = match vfs.create_new(&p) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            let len = vfs.read(&p).map_err(on("read", &p))?.len();
+            if len != 0 {
+                return Err(Error::Corrupt {
+                    path: p,
+                    offset: 0,
+                    detail: format!(
+                        "a log segment is to start at LSN {start}, but a file of {len} bytes \
+                         has its name already"
+                    ),
+                });
+            }
+            vfs.open_append(&p).map_err(on("open", &p))?
+        }
+        Err(e) => return Err(crate::vfs::io_error("create", &p, e)),
+    };
+    f.sync().map_err(on("fsync", &p))?;
+    sync_dir(vfs, dir)?;
     Ok(f)
 }
 
 /// The segments in `dir`, sorted by start LSN.
-pub(crate) fn list(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
-    list_numbered(dir, PREFIX, SUFFIX)
+pub(crate) fn list(vfs: &dyn Vfs, dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
+    list_numbered(vfs, dir, PREFIX, SUFFIX)
 }
 
 /// Files in `dir` named `<prefix><number><suffix>`, sorted by number.
-pub(crate) fn list_numbered(dir: &Path, prefix: &str, suffix: &str) -> Result<Vec<(u64, PathBuf)>> {
-    let io = |source| Error::Io {
-        path: dir.to_path_buf(),
-        source,
-    };
+pub(crate) fn list_numbered(
+    vfs: &dyn Vfs,
+    dir: &Path,
+    prefix: &str,
+    suffix: &str,
+) -> Result<Vec<(u64, PathBuf)>> {
     let mut v = Vec::new();
-    for e in fs::read_dir(dir).map_err(io)? {
-        let e = e.map_err(io)?;
-        let name = e.file_name();
-        let Some(name) = name.to_str() else { continue };
+    for name in vfs.list(dir).map_err(on("list", dir))? {
         if let Some(num) = name
             .strip_prefix(prefix)
             .and_then(|n| n.strip_suffix(suffix))
         {
             if let Ok(n) = num.parse::<u64>() {
-                v.push((n, e.path()));
+                v.push((n, dir.join(&name)));
             }
         }
     }
@@ -76,33 +78,36 @@ pub(crate) fn list_numbered(dir: &Path, prefix: &str, suffix: &str) -> Result<Ve
 pub(crate) struct LogScan {
     /// The end of the last whole record: where the next record goes.
     pub end: u64,
-    /// Bytes dropped from a torn tail.
+    /// Bytes cut from a torn tail.
     pub torn_bytes: u64,
+    /// Where the cut bytes were kept.
+    pub torn_file: Option<PathBuf>,
 }
 
 /// Reads every record with LSN >= `from`, in log order, calling `apply(lsn, record)`.
 ///
-/// A partial record at the very end of the last segment is a torn tail (expected after a
-/// crash): it is cut off (the file is truncated to the last whole record). Anything else that
-/// fails to decode is corruption, reported with the file and offset.
+/// The end of the last segment may hold a torn tail (a flush cut short by a crash): bytes
+/// that do not decode, after which no whole record follows. It is cut off, and the cut bytes
+/// are first kept in `torn-<LSN>.bin` beside the segment (open never destroys bytes it could
+/// not read). Bytes that do not decode but are followed by a whole record are damage to
+/// committed data: `Error::Corrupt` with the file and offset, and nothing is changed.
 pub(crate) fn replay(
+    vfs: &dyn Vfs,
     dir: &Path,
     from: u64,
     mut apply: impl FnMut(u64, LogRecord) -> Result<()>,
 ) -> Result<LogScan> {
-    let segs = list(dir)?;
+    let segs = list(vfs, dir)?;
     let mut end = from;
     let mut torn_bytes = 0;
+    let mut torn_file = None;
     for (i, (start, p)) in segs.iter().enumerate() {
         let last = i + 1 == segs.len();
         let next_start = segs.get(i + 1).map(|s| s.0);
         if next_start.is_some_and(|n| n <= from) {
             continue; // wholly before the checkpoint
         }
-        let bytes = fs::read(p).map_err(|source| Error::Io {
-            path: p.clone(),
-            source,
-        })?;
+        let bytes = vfs.read(p).map_err(on("read", p))?;
         if *start > end {
             return Err(Error::Corrupt {
                 path: p.clone(),
@@ -115,41 +120,39 @@ pub(crate) fn replay(
         let mut off = 0usize;
         while off < bytes.len() {
             let lsn = start + off as u64;
-            match decode_frame(&bytes[off..]) {
+            let detail = match decode_frame_at(&bytes[off..], lsn) {
                 Frame::Record(rec, n) => {
                     if lsn >= from {
                         apply(lsn, rec)?;
                     }
                     off += n;
+                    continue;
                 }
-                Frame::Truncated if last => {
-                    torn_bytes = (bytes.len() - off) as u64;
-                    truncate(p, off as u64)?;
-                    break;
-                }
-                Frame::Bad(detail) if last && !has_good_record_after(&bytes, off) => {
-                    // A torn tail can also leave a complete-looking frame of garbage (a
-                    // partly written length). Nothing valid follows it, so cut it off.
-                    let _ = detail;
-                    torn_bytes = (bytes.len() - off) as u64;
-                    truncate(p, off as u64)?;
-                    break;
-                }
-                Frame::Truncated => {
-                    return Err(Error::Corrupt {
-                        path: p.clone(),
-                        offset: off as u64,
-                        detail: "a record is cut short in a segment that is not the last".into(),
-                    })
-                }
-                Frame::Bad(detail) => {
-                    return Err(Error::Corrupt {
-                        path: p.clone(),
-                        offset: off as u64,
-                        detail,
-                    })
-                }
+                Frame::Truncated => "a record is cut short".to_string(),
+                Frame::Bad(detail) => detail,
+            };
+            if last && !has_good_record_after(&bytes, *start, off) {
+                // A torn tail: nothing whole follows. Keep its bytes aside, then cut it.
+                let keep = dir.join(format!("torn-{lsn:020}.bin"));
+                let _ = vfs.remove(&keep);
+                let mut f = vfs.create_new(&keep).map_err(on("create", &keep))?;
+                f.write_all(&bytes[off..]).map_err(on("write", &keep))?;
+                f.sync().map_err(on("fsync", &keep))?;
+                sync_dir(vfs, dir)?;
+                truncate(vfs, p, off as u64)?;
+                torn_bytes = (bytes.len() - off) as u64;
+                torn_file = Some(keep);
+                break;
             }
+            return Err(Error::Corrupt {
+                path: p.clone(),
+                offset: off as u64,
+                detail: if last {
+                    format!("{detail}, and whole records follow it")
+                } else {
+                    format!("{detail}, in a segment that is not the last")
+                },
+            });
         }
         end = start + off as u64;
         if let Some(n) = next_start {
@@ -165,21 +168,23 @@ pub(crate) fn replay(
     Ok(LogScan {
         end: end.max(from),
         torn_bytes,
+        torn_file,
     })
 }
 
-/// True if some whole, checksummed record starts anywhere after `off` (then damage at `off`
-/// is corruption of committed data, not a torn tail).
-fn has_good_record_after(bytes: &[u8], off: usize) -> bool {
-    (off + 1..bytes.len()).any(|o| matches!(decode_frame(&bytes[o..]), Frame::Record(..)))
+/// True if a whole, checksummed record placed where it lies starts anywhere after `off` (then
+/// damage at `off` is corruption of committed data, not a torn tail).
+fn has_good_record_after(bytes: &[u8], start: u64, off: usize) -> bool {
+    (off + 1..bytes.len()).any(|o| {
+        matches!(
+            decode_frame_at(&bytes[o..], start + o as u64),
+            Frame::Record(..)
+        )
+    })
 }
 
-fn truncate(p: &Path, len: u64) -> Result<()> {
-    let io = |source| Error::Io {
-        path: p.to_path_buf(),
-        source,
-    };
-    let f = OpenOptions::new().write(true).open(p).map_err(io)?;
-    f.set_len(len).map_err(io)?;
-    f.sync_all().map_err(io)
+fn truncate(vfs: &dyn Vfs, p: &Path, len: u64) -> Result<()> {
+    let mut f = vfs.open_append(p).map_err(on("open", p))?;
+    f.set_len(len).map_err(on("truncate", p))?;
+    f.sync().map_err(on("fsync", p))
 }

@@ -143,6 +143,8 @@ pub struct Transaction<'db> {
     locking: bool,
     timeout: Duration,
     failed: Option<String>,
+    /// Log bytes the writes so far would take (see `charge`).
+    redo_bytes: std::cell::Cell<u64>,
     finished: bool,
     _serial: Option<MutexGuard<'db, ()>>,
     held: FxHashMap<LockId, LockMode>,
@@ -280,6 +282,32 @@ fn collect_ghosts(
     }
 }
 
+/// Puts back the before-image of every write in `undo`, newest first; keys that did not exist
+/// become ghosts (listed in `ghosts` for removal).
+fn undo_writes(
+    undo: &mut Vec<Undo>,
+    tables: &[impl std::borrow::Borrow<Table>],
+    ghosts: &mut Vec<(u16, Box<[u8]>)>,
+) {
+    while let Some(u) = undo.pop() {
+        let table: &Table = tables[u.table as usize].borrow();
+        let mut ghost = false;
+        table.inner.tree.update(&u.key, |rec| match u.before {
+            Some(r) => *rec = Some(r),
+            None => {
+                if let Some(r) = rec.as_mut() {
+                    r.ghost = true;
+                    r.value = Vec::new();
+                    ghost = true;
+                }
+            }
+        });
+        if ghost {
+            ghosts.push((u.table, u.key));
+        }
+    }
+}
+
 impl<'db> Transaction<'db> {
     pub(crate) fn new(db: &'db Database, age: Option<TxnId>) -> Self {
         let inner = &db.inner;
@@ -296,6 +324,7 @@ impl<'db> Transaction<'db> {
             locking,
             timeout: inner.opts.lock_timeout,
             failed: None,
+            redo_bytes: std::cell::Cell::new(0),
             finished: false,
             _serial: serial,
             held: FxHashMap::default(),
@@ -359,6 +388,9 @@ impl<'db> Transaction<'db> {
     // ----- checks ---------------------------------------------------------------------------
 
     fn active(&self) -> Result<()> {
+        if let Some(log) = &self.db.inner.log {
+            log.check()?;
+        }
         match &self.failed {
             None => Ok(()),
             Some(cause) => Err(Error::TransactionAborted {
@@ -391,6 +423,29 @@ impl<'db> Transaction<'db> {
             });
         }
         Ok(())
+    }
+
+    /// Counts a write against the largest commit record the log takes, refusing the write
+    /// that would outgrow it (limits are checked where the data enters, not at commit).
+    fn charge(&self, key: &[u8], value_len: usize) -> Result<()> {
+        let max = self.db.inner.record_limit;
+        // Table id, key and value lengths, a tag: at most 16 bytes besides key and value.
+        let bytes = self.redo_bytes.get() + 16 + key.len() as u64 + value_len as u64;
+        if bytes > max {
+            return Err(Error::TransactionTooLarge {
+                txn: self.id,
+                bytes,
+                max,
+            });
+        }
+        self.redo_bytes.set(bytes);
+        Ok(())
+    }
+
+    /// [`charge`](Self::charge) for a write already made under 2PL: a transaction that
+    /// outgrows the log is rolled back and fails.
+    fn charged(&mut self, key: &[u8], value_len: usize) -> Result<()> {
+        self.charge(key, value_len).inspect_err(|e| self.fail(e))
     }
 
     /// Fails unless `table` belongs to this transaction's database.
@@ -617,23 +672,7 @@ impl<'db> Transaction<'db> {
     }
 
     fn rollback(&mut self) {
-        while let Some(u) = self.undo.pop() {
-            let table = &self.tables[u.table as usize];
-            let mut ghost = false;
-            table.inner.tree.update(&u.key, |rec| match u.before {
-                Some(r) => *rec = Some(r),
-                None => {
-                    if let Some(r) = rec.as_mut() {
-                        r.ghost = true;
-                        r.value = Vec::new();
-                        ghost = true;
-                    }
-                }
-            });
-            if ghost {
-                self.ghosts.push((u.table, u.key));
-            }
-        }
+        undo_writes(&mut self.undo, &self.tables, &mut self.ghosts);
     }
 
     // ----- operations -----------------------------------------------------------------------
@@ -795,12 +834,14 @@ impl<'db> Transaction<'db> {
                     key: key.into(),
                     before,
                 });
+                self.charged(key, v.as_ref().len())?;
                 Ok(v)
             }
             Step::Failed(e) => Err(e),
             Step::Absent(prior) => {
                 let v = f(None)?;
                 self.insert_new(slot, key, v.as_ref(), prior)?;
+                self.charged(key, v.as_ref().len())?;
                 Ok(v)
             }
         }
@@ -945,6 +986,7 @@ impl<'db> Transaction<'db> {
                     before: Some(b),
                 });
                 self.ghosts.push((slot, key.into()));
+                self.charged(key, 0)?;
                 Ok(true)
             }
             None => Ok(false),
@@ -1293,7 +1335,14 @@ impl<'db> Transaction<'db> {
                 return Err(e);
             }
         };
-        self.undo.clear();
+        // While this transaction holds its exclusive locks, nobody has seen its writes: if the
+        // log fails before the commit is durable they are rolled back, so a failed commit
+        // leaves no trace. Under SX-ELR they are visible already; the failed log refuses
+        // every later operation instead (see `Transaction::active`).
+        let keep_undo = matches!(elr, Elr::Off | Elr::Shared) && mode != LogMode::Async;
+        if !keep_undo {
+            self.undo.clear();
+        }
         self.finished = true;
         if matches!(elr, Elr::Sx | Elr::SxUnsafe) {
             // SX-ELR: every lock goes once the commit record is in the buffer; X locks leave
@@ -1303,6 +1352,10 @@ impl<'db> Transaction<'db> {
         match mode {
             LogMode::Sync => {
                 let r = log.wait_durable(end);
+                if r.is_err() {
+                    self.rollback();
+                }
+                self.undo.clear();
                 self.release_all();
                 r.map(|()| CommitTicket::done())
             }
@@ -1318,7 +1371,8 @@ impl<'db> Transaction<'db> {
                 let held: Vec<LockId> = self.held.drain().map(|(id, _)| id).collect();
                 let mut intents = std::mem::take(&mut self.intents);
                 let lil = inner.lil.clone();
-                let ghosts = std::mem::take(&mut self.ghosts);
+                let mut ghosts = std::mem::take(&mut self.ghosts);
+                let mut undo = std::mem::take(&mut self.undo);
                 // Owned handles: the callback outlives this borrow of the database.
                 let tables: Vec<Table> = self.tables.iter().map(|&t| t.clone()).collect();
                 let locks = std::sync::Arc::clone(&inner.locks);
@@ -1332,6 +1386,12 @@ impl<'db> Transaction<'db> {
                     Box::new(move |res| {
                         // The ticket first: once another transaction can take these locks
                         // (and see the writes), the ticket must already say durable.
+                        // A commit that will never be durable is rolled back before its
+                        // locks go (without ELR nobody has seen its writes).
+                        if res.is_err() {
+                            undo_writes(&mut undo, &tables, &mut ghosts);
+                        }
+                        undo.clear();
                         if let Some(st) = state {
                             st.set(res);
                         }

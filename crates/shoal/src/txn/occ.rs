@@ -431,7 +431,13 @@ impl Transaction<'_> {
         Err(self.occ_fail(detail))
     }
 
-    pub(super) fn occ_buffer(&mut self, slot: u16, key: &[u8], value: Option<Vec<u8>>) {
+    pub(super) fn occ_buffer(
+        &mut self,
+        slot: u16,
+        key: &[u8],
+        value: Option<Vec<u8>>,
+    ) -> Result<()> {
+        self.charge(key, value.as_ref().map_or(0, Vec::len))?;
         let tid = table_of(&self.tables, slot).inner.id;
         let st = self.occ_state();
         // A read-modify-write (`add`, `insert`, `delete`, ...) has just read the key: start
@@ -458,6 +464,7 @@ impl Transaction<'_> {
                 );
             }
         }
+        Ok(())
     }
 
     pub(super) fn occ_write(
@@ -479,7 +486,7 @@ impl Transaction<'_> {
             }
             return Err(Error::DuplicateKey { key: show_key(key) });
         }
-        self.occ_buffer(slot, key, Some(value.to_vec()));
+        self.occ_buffer(slot, key, Some(value.to_vec()))?;
         Ok(())
     }
 
@@ -487,7 +494,7 @@ impl Transaction<'_> {
         if self.occ_read(slot, key)?.is_none() {
             return Ok(false);
         }
-        self.occ_buffer(slot, key, None);
+        self.occ_buffer(slot, key, None)?;
         Ok(true)
     }
 
@@ -502,7 +509,7 @@ impl Transaction<'_> {
             .map(|v| decode_i64(key, &v))
             .transpose()?;
         let new = op(cur).ok_or_else(|| Error::Overflow { key: show_key(key) })?;
-        self.occ_buffer(slot, key, Some(new.to_le_bytes().to_vec()));
+        self.occ_buffer(slot, key, Some(new.to_le_bytes().to_vec()))?;
         Ok(new)
     }
 

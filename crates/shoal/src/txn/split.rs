@@ -164,7 +164,7 @@ impl Transaction<'_> {
             let cur = self.occ_read(slot, key)?;
             let new = delta.apply(key, cur.as_deref(), false)?;
             self.check_value(&new)?;
-            self.occ_buffer(slot, key, Some(new));
+            self.occ_buffer(slot, key, Some(new))?;
             return Ok(());
         }
         self.intent(slot, true)?;

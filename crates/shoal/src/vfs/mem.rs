@@ -1,0 +1,440 @@
+//! An in-memory file system for tests, with fault injection and power loss.
+//!
+//! Every file is an inode with its current bytes and the bytes its last completed fsync made
+//! durable; every directory has its current entries and the entries its last completed
+//! directory fsync made durable. [`MemFs::power_loss`] builds the file system a machine would
+//! find after losing power now: each directory as of its last fsync, each file as of its last
+//! fsync plus, at 512-byte granularity, a random part of what was appended after it (a torn
+//! write). Creations, renames and removals not made durable by a directory fsync are undone.
+//!
+//! [`MemFs::fail_at`] makes the N-th mutating operation (create, write, fsync, truncate,
+//! rename, remove, directory fsync; counted from 0) fail with `EIO` or `ENOSPC`, once or from
+//! then on. A failing `ENOSPC` write stores half its bytes first, as a full disk may.
+
+use std::collections::{BTreeMap, HashSet};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use super::{DirLock, VFile, Vfs};
+
+/// The error an injected fault raises.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Fault {
+    /// `EIO`.
+    Eio,
+    /// `ENOSPC`.
+    NoSpace,
+}
+
+impl Fault {
+    fn error(self) -> io::Error {
+        io::Error::from_raw_os_error(match self {
+            Fault::Eio => 5,
+            Fault::NoSpace => 28,
+        })
+    }
+}
+
+#[derive(Clone, Default)]
+struct Inode {
+    data: Vec<u8>,
+    synced: Vec<u8>,
+}
+
+#[derive(Clone, Default)]
+struct Dir {
+    live: BTreeMap<String, usize>,
+    durable: BTreeMap<String, usize>,
+}
+
+#[derive(Default)]
+struct State {
+    inodes: Vec<Inode>,
+    dirs: BTreeMap<PathBuf, Dir>,
+    locks: HashSet<PathBuf>,
+    ops: u64,
+    fail: Option<(u64, Fault, bool)>,
+    injected: Option<String>,
+}
+
+impl State {
+    /// Counts a mutating operation and fails it if it is the chosen one.
+    fn check(&mut self, op: &str, path: &Path) -> io::Result<()> {
+        let n = self.ops;
+        self.ops += 1;
+        match self.fail {
+            Some((at, fault, sticky)) if n == at || (sticky && n > at) => {
+                if self.injected.is_none() {
+                    self.injected = Some(format!("{op} {}", path.display()));
+                }
+                Err(fault.error())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn fault(&self) -> Option<Fault> {
+        self.fail.map(|f| f.1)
+    }
+
+    fn split(path: &Path) -> io::Result<(PathBuf, String)> {
+        let parent = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no file name"))?;
+        Ok((parent, name.to_string()))
+    }
+
+    fn dir(&mut self, dir: &Path) -> io::Result<&mut Dir> {
+        self.dirs
+            .get_mut(dir)
+            .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))
+    }
+
+    fn lookup(&mut self, path: &Path) -> io::Result<usize> {
+        let (parent, name) = Self::split(path)?;
+        self.dir(&parent)?
+            .live
+            .get(&name)
+            .copied()
+            .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))
+    }
+}
+
+/// An in-memory file system shared by its clones.
+#[derive(Clone, Default)]
+pub(crate) struct MemFs {
+    st: Arc<Mutex<State>>,
+}
+
+impl MemFs {
+    /// An empty file system.
+    pub(crate) fn new() -> MemFs {
+        MemFs::default()
+    }
+
+    /// Fails mutating operation number `n` (from 0) with `fault`; with `sticky`, every later
+    /// one too (a disk that stays full or broken).
+    pub(crate) fn fail_at(&self, n: u64, fault: Fault, sticky: bool) {
+        self.st.lock().fail = Some((n, fault, sticky));
+    }
+
+    /// Mutating operations so far.
+    pub(crate) fn ops(&self) -> u64 {
+        self.st.lock().ops
+    }
+
+    /// The operation and file of the first injected failure, if one happened.
+    pub(crate) fn injected(&self) -> Option<String> {
+        self.st.lock().injected.clone()
+    }
+
+    /// The file system after a power loss now; `seed` picks how much of each unsynced append
+    /// survives (whole 512-byte sectors).
+    pub(crate) fn power_loss(&self, seed: u64) -> MemFs {
+        let st = self.st.lock();
+        let mut rng = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        let mut next = move || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        let inodes = st
+            .inodes
+            .iter()
+            .map(|i| {
+                let mut data = i.synced.clone();
+                if i.data.len() > i.synced.len() && i.data.starts_with(&i.synced) {
+                    // Cut points: the synced end, every sector boundary after it, the end.
+                    let first = i.synced.len().div_ceil(512) * 512;
+                    let mut cuts = vec![i.synced.len()];
+                    cuts.extend(
+                        (first..i.data.len())
+                            .step_by(512)
+                            .filter(|&c| c > i.synced.len()),
+                    );
+                    cuts.push(i.data.len());
+                    let cut = cuts[(next() % cuts.len() as u64) as usize];
+                    data = i.data[..cut].to_vec();
+                }
+                Inode {
+                    synced: data.clone(),
+                    data,
+                }
+            })
+            .collect();
+        let dirs = st
+            .dirs
+            .iter()
+            .map(|(p, d)| {
+                (
+                    p.clone(),
+                    Dir {
+                        live: d.durable.clone(),
+                        durable: d.durable.clone(),
+                    },
+                )
+            })
+            .collect();
+        MemFs {
+            st: Arc::new(Mutex::new(State {
+                inodes,
+                dirs,
+                ..State::default()
+            })),
+        }
+    }
+
+    /// A copy of the current state (no faults, no locks), as if every file were durable.
+    pub(crate) fn snapshot(&self) -> MemFs {
+        let st = self.st.lock();
+        let inodes = st
+            .inodes
+            .iter()
+            .map(|i| Inode {
+                data: i.data.clone(),
+                synced: i.data.clone(),
+            })
+            .collect();
+        let dirs = st
+            .dirs
+            .iter()
+            .map(|(p, d)| {
+                (
+                    p.clone(),
+                    Dir {
+                        live: d.live.clone(),
+                        durable: d.live.clone(),
+                    },
+                )
+            })
+            .collect();
+        MemFs {
+            st: Arc::new(Mutex::new(State {
+                inodes,
+                dirs,
+                ..State::default()
+            })),
+        }
+    }
+
+    /// The current bytes of every file, by path.
+    pub(crate) fn files(&self) -> BTreeMap<PathBuf, Vec<u8>> {
+        let st = self.st.lock();
+        let mut out = BTreeMap::new();
+        for (p, d) in &st.dirs {
+            for (name, &ino) in &d.live {
+                out.insert(p.join(name), st.inodes[ino].data.clone());
+            }
+        }
+        out
+    }
+
+    /// Replaces the bytes of an existing file (durably), for corruption tests.
+    pub(crate) fn overwrite(&self, path: &Path, bytes: Vec<u8>) {
+        let mut st = self.st.lock();
+        let ino = st.lookup(path).expect("overwrite: no such file");
+        st.inodes[ino] = Inode {
+            synced: bytes.clone(),
+            data: bytes,
+        };
+    }
+}
+
+struct MemFile {
+    st: Arc<Mutex<State>>,
+    ino: usize,
+    path: PathBuf,
+}
+
+impl VFile for MemFile {
+    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+        let mut st = self.st.lock();
+        if let Err(e) = st.check("write", &self.path) {
+            if st.fault() == Some(Fault::NoSpace) {
+                let half = buf.len() / 2;
+                st.inodes[self.ino].data.extend_from_slice(&buf[..half]);
+            }
+            return Err(e);
+        }
+        st.inodes[self.ino].data.extend_from_slice(buf);
+        Ok(())
+    }
+
+    fn sync(&mut self) -> io::Result<()> {
+        let mut st = self.st.lock();
+        st.check("fsync", &self.path)?;
+        let i = &mut st.inodes[self.ino];
+        i.synced = i.data.clone();
+        Ok(())
+    }
+
+    fn set_len(&mut self, len: u64) -> io::Result<()> {
+        let mut st = self.st.lock();
+        st.check("truncate", &self.path)?;
+        st.inodes[self.ino].data.resize(len as usize, 0);
+        Ok(())
+    }
+}
+
+struct MemLock {
+    st: Arc<Mutex<State>>,
+    dir: PathBuf,
+}
+
+impl Drop for MemLock {
+    fn drop(&mut self) {
+        self.st.lock().locks.remove(&self.dir);
+    }
+}
+
+impl Vfs for MemFs {
+    fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
+        let mut st = self.st.lock();
+        for a in dir.ancestors() {
+            st.dirs.entry(a.to_path_buf()).or_default();
+        }
+        Ok(())
+    }
+
+    fn lock_dir(&self, dir: &Path) -> io::Result<DirLock> {
+        let mut st = self.st.lock();
+        st.dir(dir)?;
+        if !st.locks.insert(dir.to_path_buf()) {
+            return Err(io::Error::new(
+                io::ErrorKind::WouldBlock,
+                "the database is open in another handle or process",
+            ));
+        }
+        Ok(Box::new(MemLock {
+            st: Arc::clone(&self.st),
+            dir: dir.to_path_buf(),
+        }))
+    }
+
+    fn create_new(&self, path: &Path) -> io::Result<Box<dyn VFile>> {
+        let mut st = self.st.lock();
+        let (parent, name) = State::split(path)?;
+        if st.dir(&parent)?.live.contains_key(&name) {
+            return Err(io::Error::from(io::ErrorKind::AlreadyExists));
+        }
+        st.check("create", path)?;
+        let ino = st.inodes.len();
+        st.inodes.push(Inode::default());
+        st.dir(&parent)?.live.insert(name, ino);
+        Ok(Box::new(MemFile {
+            st: Arc::clone(&self.st),
+            ino,
+            path: path.to_path_buf(),
+        }))
+    }
+
+    fn open_append(&self, path: &Path) -> io::Result<Box<dyn VFile>> {
+        let ino = self.st.lock().lookup(path)?;
+        Ok(Box::new(MemFile {
+            st: Arc::clone(&self.st),
+            ino,
+            path: path.to_path_buf(),
+        }))
+    }
+
+    fn read(&self, path: &Path) -> io::Result<Vec<u8>> {
+        let mut st = self.st.lock();
+        let ino = st.lookup(path)?;
+        Ok(st.inodes[ino].data.clone())
+    }
+
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
+        Ok(self.st.lock().dir(dir)?.live.keys().cloned().collect())
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        let mut st = self.st.lock();
+        let ino = st.lookup(from)?;
+        let (fp, fname) = State::split(from)?;
+        let (tp, tname) = State::split(to)?;
+        st.dir(&tp)?;
+        st.check("rename", from)?;
+        st.dir(&fp)?.live.remove(&fname);
+        st.dir(&tp)?.live.insert(tname, ino);
+        Ok(())
+    }
+
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        let mut st = self.st.lock();
+        st.lookup(path)?;
+        st.check("remove", path)?;
+        let (p, name) = State::split(path)?;
+        st.dir(&p)?.live.remove(&name);
+        Ok(())
+    }
+
+    fn canonical(&self, path: &Path) -> io::Result<PathBuf> {
+        Ok(path.to_path_buf())
+    }
+
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        let mut st = self.st.lock();
+        st.dir(dir)?;
+        st.check("fsync-dir", dir)?;
+        let d = st.dir(dir)?;
+        d.durable = d.live.clone();
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn power_loss_keeps_what_fsyncs_made_durable() {
+        let fs = MemFs::new();
+        let d = Path::new("/db");
+        fs.create_dir_all(d).unwrap();
+        let mut a = fs.create_new(&d.join("a")).unwrap();
+        a.write_all(&[1; 100]).unwrap();
+        a.sync().unwrap();
+        fs.sync_dir(d).unwrap();
+        a.write_all(&[2; 2000]).unwrap(); // unsynced: torn at a sector boundary
+        let mut b = fs.create_new(&d.join("b")).unwrap(); // never made durable in /db
+        b.write_all(b"x").unwrap();
+        b.sync().unwrap();
+        fs.rename(&d.join("a"), &d.join("c")).unwrap(); // not durable either
+        for seed in 0..20 {
+            let after = fs.power_loss(seed);
+            let files = after.files();
+            assert_eq!(files.keys().collect::<Vec<_>>(), vec![&d.join("a")]);
+            let a = &files[&d.join("a")];
+            assert!(a.starts_with(&[1; 100]));
+            assert!(
+                [100, 512, 1024, 1536, 2048, 2100].contains(&a.len()),
+                "{}",
+                a.len()
+            );
+        }
+    }
+
+    #[test]
+    fn the_chosen_operation_fails_once_or_for_good() {
+        let fs = MemFs::new();
+        let d = Path::new("/db");
+        fs.create_dir_all(d).unwrap();
+        fs.fail_at(1, Fault::NoSpace, false);
+        let mut a = fs.create_new(&d.join("a")).unwrap(); // op 0
+        let e = a.write_all(&[7; 10]).unwrap_err(); // op 1
+        assert_eq!(e.raw_os_error(), Some(28));
+        assert_eq!(fs.injected().as_deref(), Some("write /db/a"));
+        a.write_all(&[8; 2]).unwrap(); // op 2 succeeds
+        assert_eq!(fs.files()[&d.join("a")], vec![7, 7, 7, 7, 7, 8, 8]);
+        fs.fail_at(3, Fault::Eio, true);
+        assert!(a.sync().is_err());
+        assert!(fs.sync_dir(d).is_err());
+        assert_eq!(fs.ops(), 5);
+    }
+}

@@ -40,6 +40,8 @@
 mod db;
 pub mod doppel;
 mod error;
+#[cfg(test)]
+mod fault_tests;
 pub mod lock;
 pub mod log;
 pub mod storage;

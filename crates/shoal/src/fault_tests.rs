@@ -167,6 +167,8 @@ fn prefix_of(s: &State, upto: u64) -> Option<u64> {
 struct Tally {
     runs: u64,
     injected: u64,
+    /// Errors the workload saw, each naming the failed operation and its file.
+    errors_named: u64,
     acked_checked: u64,
     refused_after_error: u64,
     continued_after_error: u64,
@@ -189,12 +191,13 @@ fn inject_once(cfg: Config, n: u64, fault: Fault, seeds: &[u64], tally: &mut Tal
         // The error names the file of the operation that failed (unless the engine did not
         // need the failed operation, e.g. removing a leftover, and went on).
         if let Some(e) = &seen.error {
-            let file = what.split_once(' ').map_or(what.as_str(), |x| x.1);
+            let (op, file) = what.split_once(' ').unwrap_or(("", what.as_str()));
             let msg = e.to_string();
             assert!(
-                msg.contains(file) || !matches!(e, Error::Io { .. }),
+                matches!(e, Error::Io { .. }) && msg.contains(file) && msg.contains(op),
                 "error {msg:?} does not name {what:?} ({ctx})"
             );
+            tally.errors_named += 1;
         }
     }
     assert!(

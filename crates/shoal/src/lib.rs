@@ -48,6 +48,7 @@ pub mod storage;
 mod txn;
 mod vfs;
 
+pub use db::CheckpointStatus;
 pub use db::{
     ConcurrencyControl, Database, Elr, IntentLockKind, LockTableKind, LogMode, Options,
     RecoveryStats, Table,

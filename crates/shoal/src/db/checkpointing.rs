@@ -1,151 +1,294 @@
 //! Taking checkpoints, on demand and in the background.
+//!
+//! A checkpoint is fuzzy: transactions keep running while it reads every table. Under 2PL it
+//! reads each key under an instant shared key lock taken with `try_lock`, which never waits
+//! and never enqueues, so a checkpoint neither waits behind a transaction nor delays one, and
+//! does not depend on the deadlock policy. A key that is busy (an exclusive lock on it) is
+//! retried a few times; if it stays busy, its *committed* value is taken from the durable log
+//! instead: the last after-image below the checkpoint's LSN, found in the previous checkpoint
+//! and the log segments after it. That is right because the log is redo-only with
+//! after-images and replay is idempotent: a key locked by an uncommitted transaction has as
+//! committed value the last after-image logged before it, and every commit at or after the
+//! checkpoint's LSN is replayed by recovery anyway.
 
 use super::*;
 
-impl Database {
-    pub(super) fn spawn_checkpointer(&self, every: Duration) -> Result<()> {
-        let weak = Arc::downgrade(&self.inner);
-        let stop = Arc::clone(&self.inner.stop);
-        std::thread::Builder::new()
-            .name("shoal-checkpointer".into())
-            .spawn(move || {
-                let tick = Duration::from_millis(20).min(every);
-                let mut waited = Duration::ZERO;
-                while !stop.load(Ordering::Acquire) {
-                    std::thread::sleep(tick);
-                    waited += tick;
-                    if waited < every {
-                        continue;
-                    }
-                    waited = Duration::ZERO;
-                    let Some(inner) = weak.upgrade() else { return };
-                    let db = Database { inner };
-                    // A failed background checkpoint leaves the previous one and the log in
-                    // place, so nothing is lost; the next attempt tries again.
-                    let _ = db.checkpoint();
-                }
-            })
-            .map_err(|source| Error::Io {
-                path: PathBuf::from("<checkpoint thread>"),
-                source,
-            })?;
+/// Rows per checkpoint record, at most.
+const CHUNK_ROWS: usize = 1024;
+/// Key and value bytes after which a checkpoint record is cut (a record holds at most this
+/// plus one row; keys and values are bounded far below the decoder's 1 GiB limit).
+const CHUNK_BYTES: usize = 4 << 20;
+/// Rows read from the tree at once: adapted to the row size, so that one read of large rows
+/// does not copy much more than a record's worth.
+const SCAN_ROWS: usize = 1024;
+/// How often, and how long apart, keys found busy are tried again before their committed
+/// values are taken from the log.
+const BUSY_RETRIES: u32 = 5;
+const BUSY_PAUSE: Duration = Duration::from_millis(1);
+
+/// What the background checkpointer has done, from [`Database::checkpoint_status`].
+///
+/// ```
+/// # fn main() -> shoal::Result<()> {
+/// let dir = tempfile::tempdir().unwrap();
+/// let db = shoal::Database::open(dir.path(), shoal::Options::default())?;
+/// let st = db.checkpoint_status();
+/// assert_eq!((st.background_runs, st.background_failures), (0, 0));
+/// assert!(st.last_error.is_none());
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CheckpointStatus {
+    /// Background checkpoints attempted so far (successful or not).
+    pub background_runs: u64,
+    /// Background checkpoints that failed. A failed checkpoint leaves the previous one and
+    /// the log in place, so nothing is lost; the next attempt tries again.
+    pub background_failures: u64,
+    /// The message of the last failed background checkpoint, if any failed.
+    pub last_error: Option<String>,
+}
+
+/// The background checkpointer's controls (shared with its thread) and its reports.
+#[derive(Default)]
+pub(super) struct Checkpointer {
+    stop: AtomicBool,
+    /// The thread sleeps on `cv` between checkpoints; `stop` is set under `sleep`.
+    sleep: Mutex<()>,
+    cv: parking_lot::Condvar,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    status: Mutex<Reports>,
+}
+
+#[derive(Default)]
+struct Reports {
+    status: CheckpointStatus,
+    /// A background failure not yet returned by an explicit checkpoint.
+    pending: Option<String>,
+}
+
+impl Checkpointer {
+    /// Sleeps for `d`; false if stopped meanwhile (or before).
+    fn sleep(&self, d: Duration) -> bool {
+        let deadline = Instant::now() + d;
+        let mut g = self.sleep.lock();
+        while !self.stop.load(Ordering::Acquire) {
+            if self.cv.wait_until(&mut g, deadline).timed_out() {
+                break;
+            }
+        }
+        !self.stop.load(Ordering::Acquire)
+    }
+
+    /// Stops the thread and waits until it has exited (a checkpoint it is taking stops at its
+    /// next chunk). A call from the thread itself only stops it.
+    pub(super) fn shutdown(&self) {
+        {
+            let _g = self.sleep.lock();
+            self.stop.store(true, Ordering::Release);
+            self.cv.notify_all();
+        }
+        let Some(h) = self.thread.lock().take() else {
+            return;
+        };
+        if h.thread().id() != std::thread::current().id() {
+            // A panic of the thread has been reported on it already.
+            let _ = h.join();
+        }
+    }
+
+    fn report(&self, res: &Result<Option<u64>>) {
+        let mut r = self.status.lock();
+        r.status.background_runs += 1;
+        if let Err(e) = res {
+            let msg = e.to_string();
+            r.status.background_failures += 1;
+            r.status.last_error = Some(msg.clone());
+            r.pending = Some(msg);
+        }
+    }
+}
+
+/// Gathers checkpoint rows into records of at most [`CHUNK_ROWS`] rows, cut once they hold
+/// [`CHUNK_BYTES`] of keys and values.
+#[derive(Default)]
+struct Rows {
+    writes: Vec<LogWrite>,
+    bytes: usize,
+}
+
+impl Rows {
+    fn push(
+        &mut self,
+        w: &mut CheckpointWriter<'_>,
+        table: TableId,
+        key: Vec<u8>,
+        value: Vec<u8>,
+    ) -> Result<()> {
+        self.bytes += key.len() + value.len();
+        self.writes.push(LogWrite {
+            table,
+            key,
+            value: Some(value),
+        });
+        if self.writes.len() >= CHUNK_ROWS || self.bytes >= CHUNK_BYTES {
+            self.flush(w)?;
+        }
         Ok(())
     }
-    /// Writes a checkpoint (a snapshot of every table plus the LSN it covers) and deletes the
-    /// log segments and older checkpoints it makes unnecessary. Transactions keep running
-    /// meanwhile. Returns the checkpoint's LSN, or `None` without a log.
-    ///
-    /// ```
-    /// # fn main() -> shoal::Result<()> {
-    /// let dir = tempfile::tempdir().unwrap();
-    /// {
-    ///     let db = shoal::Database::open(dir.path(), shoal::Options::default())?;
-    ///     let t = db.create_table("t")?;
-    ///     db.run(|tx| tx.put(&t, "k", "v"))?;
-    ///     assert!(db.checkpoint()?.is_some());
-    /// }
-    /// let db = shoal::Database::open(dir.path(), shoal::Options::default())?;
-    /// let t = db.table("t")?;
-    /// assert_eq!(db.run(|tx| tx.get(&t, "k"))?, Some(b"v".to_vec()));
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn checkpoint(&self) -> Result<Option<u64>> {
-        let inner = &*self.inner;
-        let (Some(log), Some(dir), Some(disk)) = (&inner.log, &inner.dir, &inner.disk) else {
+
+    fn flush(&mut self, w: &mut CheckpointWriter<'_>) -> Result<()> {
+        self.bytes = 0;
+        w.rows(std::mem::take(&mut self.writes))
+    }
+}
+
+/// Values (`None`: absent) by table and key.
+type KeyValues = BTreeMap<(TableId, Vec<u8>), Option<Vec<u8>>>;
+
+/// What a checkpoint read of one key found.
+enum Read {
+    Value(Vec<u8>),
+    Absent,
+    /// Under 2PL: another transaction holds a lock that excludes readers.
+    Busy,
+}
+
+impl DbInner {
+    /// Reads the committed value of `key` for a checkpoint (see the module documentation).
+    fn checkpoint_read(&self, t: &Table, key: &[u8], ckpt_txn: u64) -> Read {
+        let get = || {
+            t.inner
+                .tree
+                .get(key, |r| r.filter(|r| !r.ghost).map(|r| r.value.clone()))
+        };
+        let v = match self.opts.cc {
+            // Wait out a committer's lock bit: a commit whose record is below `lsn` installs
+            // its values before it unlocks them.
+            ConcurrencyControl::Optimistic | ConcurrencyControl::Doppel => {
+                crate::txn::occ::read_committed(&t.inner.tree, key)
+            }
+            // Read under the serial mutex: no transaction is half done.
+            ConcurrencyControl::Serial => {
+                let _serial = self.serial.lock();
+                get()
+            }
+            _ => {
+                // An instant shared key lock that never waits: never an uncommitted value.
+                let id = LockId::Key(t.inner.id, key.into());
+                if self.locks.try_lock(ckpt_txn, &id, LockMode::SN).is_err() {
+                    return Read::Busy;
+                }
+                let v = get();
+                self.locks.unlock(ckpt_txn, &id);
+                v
+            }
+        };
+        v.map_or(Read::Absent, Read::Value)
+    }
+
+    /// Takes a checkpoint (see [`Database::checkpoint`]); a background one passes its stop
+    /// flag and gives up at the next chunk once it is set.
+    fn take_checkpoint(&self, stop: Option<&AtomicBool>) -> Result<Option<u64>> {
+        let (Some(log), Some(dir), Some(disk)) = (&self.log, &self.dir, &self.disk) else {
             return Ok(None);
         };
         let vfs = &*disk.vfs;
-        let _one_at_a_time = inner.checkpoint_lock.lock();
+        let stopped = || -> Result<()> {
+            if stop.is_some_and(|s| s.load(Ordering::Acquire)) {
+                return Err(Error::Io {
+                    path: dir.clone(),
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::Interrupted,
+                        "checkpoint abandoned: the database is closing",
+                    ),
+                });
+            }
+            Ok(())
+        };
+        let _one_at_a_time = self.checkpoint_lock.lock();
         // Under Doppel a checkpoint runs inside a joined phase: no slice is unreconciled.
-        let _pin = match inner.doppel() {
+        let _pin = match self.doppel() {
             Some(d) => Some(crate::doppel::Pin::new(d)?),
             None => None,
         };
         let lsn = log.released();
+        // Dropped unfinished (an error, or abandoned), the writer removes its file: the
+        // previous checkpoint and the log stay as they were.
         let mut w = CheckpointWriter::create(vfs, dir, lsn)?;
-        let mut tables: Vec<Table> = inner.tables.read().values().cloned().collect();
+        let mut tables: Vec<Table> = self.tables.read().values().cloned().collect();
         tables.sort_by_key(|t| t.inner.id);
-        let ckpt_txn = inner.next_txn.fetch_add(1, Ordering::Relaxed);
+        let ckpt_txn = self.next_txn.fetch_add(1, Ordering::Relaxed);
+        let mut rows = Rows::default();
+        let mut busy: Vec<(Table, Vec<u8>)> = Vec::new();
         for t in &tables {
             w.table(t.inner.id, &t.inner.name)?;
             let mut start: Bound<Vec<u8>> = Bound::Unbounded;
+            let mut limit = 32;
             loop {
+                stopped()?;
                 let chunk = {
                     let _serial =
-                        (inner.opts.cc == ConcurrencyControl::Serial).then(|| inner.serial.lock());
+                        (self.opts.cc == ConcurrencyControl::Serial).then(|| self.serial.lock());
                     let b = match &start {
                         Bound::Unbounded => Bound::Unbounded,
                         Bound::Excluded(k) => Bound::Excluded(&k[..]),
                         Bound::Included(k) => Bound::Included(&k[..]),
                     };
-                    t.inner.tree.range(b, Bound::Unbounded, 1024)
+                    t.inner.tree.range(b, Bound::Unbounded, limit)
                 };
                 let Some((last, _)) = chunk.last() else { break };
                 let next = Bound::Excluded(last.clone());
-                let full = chunk.len() == 1024;
-                let mut rows = Vec::with_capacity(chunk.len());
-                for (key, rec) in chunk {
-                    let value = if matches!(
-                        inner.opts.cc,
-                        ConcurrencyControl::Optimistic | ConcurrencyControl::Doppel
-                    ) {
-                        // Wait out a committer's lock bit: a commit whose record is below
-                        // `lsn` installs its values before it unlocks them.
-                        crate::txn::occ::read_committed(&t.inner.tree, &key)
-                    } else if inner.opts.cc == ConcurrencyControl::Serial {
-                        // Read under the serial mutex: no transaction is half done.
-                        let _serial = inner.serial.lock();
-                        t.inner
-                            .tree
-                            .get(&key, |r| r.filter(|r| !r.ghost).map(|r| r.value.clone()))
-                    } else {
-                        // Instant shared key lock: never read an uncommitted value.
-                        let id = LockId::Key(t.inner.id, key.clone().into_boxed_slice());
-                        match inner
-                            .locks
-                            .lock(ckpt_txn, &id, LockMode::SN, inner.opts.lock_timeout)
-                        {
-                            Ok(_) => {
-                                let v = t
-                                    .inner
-                                    .tree
-                                    .get(&key, |r| r.filter(|r| !r.ghost).map(|r| r.value.clone()));
-                                inner.locks.unlock(ckpt_txn, &id);
-                                v
-                            }
-                            Err(_) => {
-                                return Err(Error::LockTimeout {
-                                    txn: ckpt_txn,
-                                    resource: format!(
-                                        "a key of table {:?} (checkpoint)",
-                                        t.inner.name
-                                    ),
-                                    blocker: "?".into(),
-                                    waited_ms: inner.opts.lock_timeout.as_millis() as u64,
-                                })
-                            }
-                        }
-                    };
-                    let _ = rec;
-                    if let Some(v) = value {
-                        rows.push(LogWrite {
-                            table: t.inner.id,
-                            key,
-                            value: Some(v),
-                        });
+                let full = chunk.len() == limit;
+                let bytes: usize = chunk.iter().map(|(k, r)| k.len() + r.value.len()).sum();
+                let n = chunk.len();
+                for (key, _) in chunk {
+                    match self.checkpoint_read(t, &key, ckpt_txn) {
+                        Read::Value(v) => rows.push(&mut w, t.inner.id, key, v)?,
+                        Read::Absent => {}
+                        Read::Busy => busy.push((t.clone(), key)),
                     }
                 }
-                w.rows(rows)?;
                 if !full {
                     break;
                 }
                 start = next;
+                limit = (CHUNK_BYTES / (bytes / n).max(1)).clamp(1, SCAN_ROWS);
+            }
+            rows.flush(&mut w)?;
+        }
+        // Busy keys: their lock holders usually finish in a moment.
+        for _ in 0..BUSY_RETRIES {
+            if busy.is_empty() {
+                break;
+            }
+            stopped()?;
+            std::thread::sleep(BUSY_PAUSE);
+            let mut still = Vec::new();
+            for (t, key) in busy {
+                match self.checkpoint_read(&t, &key, ckpt_txn) {
+                    Read::Value(v) => rows.push(&mut w, t.inner.id, key, v)?,
+                    Read::Absent => {}
+                    Read::Busy => still.push((t, key)),
+                }
+            }
+            busy = still;
+        }
+        if !busy.is_empty() {
+            stopped()?;
+            let keys = busy.into_iter().map(|(t, k)| (t.inner.id, k)).collect();
+            for ((table, key), value) in self.committed_below(vfs, log, dir, lsn, keys)? {
+                if let Some(v) = value {
+                    rows.push(&mut w, table, key, v)?;
+                }
             }
         }
+        rows.flush(&mut w)?;
         // Every value read above was committed with a record below `released` now: make it
         // durable before the checkpoint that contains it can replace the log.
         log.flush()?;
+        stopped()?;
         w.finish()?;
         let segs = segment::list(vfs, log.dir())?;
         for pair in segs.windows(2) {
@@ -155,5 +298,173 @@ impl Database {
             }
         }
         Ok(Some(lsn))
+    }
+
+    /// The committed values of `keys` as of LSN `lsn`: the last after-image below `lsn` of
+    /// each, from the newest checkpoint and the log after it (`None`: absent). Flushes the log
+    /// up to `lsn` first.
+    fn committed_below(
+        &self,
+        vfs: &dyn Vfs,
+        log: &LogBuffer,
+        dir: &Path,
+        lsn: u64,
+        keys: Vec<(TableId, Vec<u8>)>,
+    ) -> Result<KeyValues> {
+        let mut values: KeyValues = keys.into_iter().map(|k| (k, None)).collect();
+        log.wait_durable(lsn)?;
+        fn after_images(values: &mut KeyValues, writes: Vec<LogWrite>) {
+            for w in writes {
+                if let Some(v) = values.get_mut(&(w.table, w.key)) {
+                    *v = w.value;
+                }
+            }
+        }
+        // The previous checkpoint cannot go meanwhile: checkpoints run one at a time.
+        let from = match checkpoint::load_latest(vfs, dir)? {
+            Some(prev) => {
+                for rec in prev.records {
+                    if let LogRecord::Commit { writes, .. } = rec {
+                        after_images(&mut values, writes);
+                    }
+                }
+                prev.lsn
+            }
+            None => 0,
+        };
+        segment::scan_below(vfs, log.dir(), from, lsn, |at, rec| {
+            match rec {
+                LogRecord::Commit { writes, .. } => after_images(&mut values, writes),
+                LogRecord::Ops { writes, ops, .. } => {
+                    after_images(&mut values, writes);
+                    // Split operations are logged under Doppel only, which never takes this
+                    // path; a log written under Doppel and reopened under 2PL still replays
+                    // them, the way recovery does.
+                    for o in ops {
+                        let k = (o.table, o.key);
+                        let Some(v) = values.get_mut(&k) else {
+                            continue;
+                        };
+                        let corrupt = |detail: &str| Error::Corrupt {
+                            path: log.dir().to_path_buf(),
+                            offset: at,
+                            detail: format!(
+                                "a Doppel split operation met a 2PL checkpoint: {detail}"
+                            ),
+                        };
+                        let d = crate::doppel::Delta::decode(&o.op)
+                            .ok_or_else(|| corrupt("it does not decode"))?;
+                        if let Ok(new) = d.apply(&k.1, v.as_deref(), true) {
+                            *v = Some(new);
+                        }
+                    }
+                }
+                LogRecord::CreateTable { .. } => {}
+                LogRecord::CheckpointEnd { .. } => {
+                    return Err(Error::Corrupt {
+                        path: log.dir().to_path_buf(),
+                        offset: at,
+                        detail: "a checkpoint marker inside the log".into(),
+                    })
+                }
+            }
+            Ok(())
+        })?;
+        Ok(values)
+    }
+}
+
+impl Database {
+    pub(super) fn spawn_checkpointer(&self, every: Duration) -> Result<()> {
+        // The thread holds the database only weakly, and strongly only while it checkpoints;
+        // it never holds a user handle. The last user handle's drop stops and joins it.
+        let weak = Arc::downgrade(&self.inner);
+        let ctl = Arc::clone(&self.inner.checkpointer);
+        let h = std::thread::Builder::new()
+            .name("shoal-checkpointer".into())
+            .spawn(move || {
+                while ctl.sleep(every) {
+                    let Some(inner) = weak.upgrade() else { return };
+                    let res = inner.take_checkpoint(Some(&ctl.stop));
+                    if ctl.stop.load(Ordering::Acquire) {
+                        return;
+                    }
+                    ctl.report(&res);
+                }
+            })
+            .map_err(|source| Error::Io {
+                path: PathBuf::from("<checkpoint thread>"),
+                source,
+            })?;
+        *self.inner.checkpointer.thread.lock() = Some(h);
+        Ok(())
+    }
+
+    /// Writes a checkpoint (a snapshot of every table plus the LSN it covers) and deletes the
+    /// log segments and older checkpoints it makes unnecessary. Transactions keep running
+    /// meanwhile: under two-phase locking a checkpoint neither waits for a lock nor makes a
+    /// transaction wait, whatever the deadlock policy (the committed value of a key a
+    /// transaction holds locked comes from the log). Returns the checkpoint's LSN, or `None`
+    /// without a log.
+    ///
+    /// If a background checkpoint ([`Options::checkpoint_interval`]) failed since the last
+    /// call, this call returns that failure instead (once), as an [`Error::Io`] whose message
+    /// starts with `background checkpoint failed`, without taking a checkpoint; call again to
+    /// take one. [`checkpoint_status`](Self::checkpoint_status) counts the failures.
+    ///
+    /// ```
+    /// # fn main() -> shoal::Result<()> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// {
+    ///     let db = shoal::Database::open(dir.path(), shoal::Options::default())?;
+    ///     let t = db.create_table("t")?;
+    ///     db.run(|tx| tx.put(&t, "k", "v"))?;
+    ///     // A transaction holding a lock does not hold the checkpoint up.
+    ///     let mut tx = db.begin();
+    ///     tx.put(&t, "k", "uncommitted")?;
+    ///     assert!(db.checkpoint()?.is_some());
+    ///     tx.abort();
+    /// }
+    /// let db = shoal::Database::open(dir.path(), shoal::Options::default())?;
+    /// let t = db.table("t")?;
+    /// assert_eq!(db.run(|tx| tx.get(&t, "k"))?, Some(b"v".to_vec()));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn checkpoint(&self) -> Result<Option<u64>> {
+        let pending = self.inner.checkpointer.status.lock().pending.take();
+        if let Some(msg) = pending {
+            return Err(Error::Io {
+                path: self.inner.dir.clone().unwrap_or_default(),
+                source: std::io::Error::other(format!("background checkpoint failed: {msg}")),
+            });
+        }
+        self.inner.take_checkpoint(None)
+    }
+
+    /// What the background checkpointer ([`Options::checkpoint_interval`]) has done: how many
+    /// checkpoints it attempted, how many failed, and the last failure's message. A failure
+    /// is also returned once by the next [`checkpoint`](Self::checkpoint) call.
+    ///
+    /// ```
+    /// # fn main() -> shoal::Result<()> {
+    /// use std::time::Duration;
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let opts = shoal::Options {
+    ///     checkpoint_interval: Some(Duration::from_millis(1)),
+    ///     ..Default::default()
+    /// };
+    /// let db = shoal::Database::open(dir.path(), opts)?;
+    /// while db.checkpoint_status().background_runs == 0 {
+    ///     std::thread::sleep(Duration::from_millis(1));
+    /// }
+    /// let st = db.checkpoint_status();
+    /// assert_eq!(st.background_failures, 0);
+    /// assert_eq!(st.last_error, None);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn checkpoint_status(&self) -> CheckpointStatus {
+        self.inner.checkpointer.status.lock().status.clone()
     }
 }

@@ -5,6 +5,7 @@ mod identity;
 mod options;
 mod recovery;
 
+pub use checkpointing::CheckpointStatus;
 pub use options::{ConcurrencyControl, Elr, IntentLockKind, LockTableKind, LogMode, Options};
 use recovery::recover;
 pub use recovery::RecoveryStats;
@@ -90,7 +91,8 @@ pub(crate) struct DbInner {
     pub(crate) log: Option<LogBuffer>,
     pub(crate) log_mode: LogMode,
     checkpoint_lock: Mutex<()>,
-    stop: Arc<AtomicBool>,
+    /// The background checkpointer's controls and what it reported.
+    checkpointer: Arc<checkpointing::Checkpointer>,
     recovery: Option<RecoveryStats>,
     /// The file system and the directory locks (databases opened on a directory).
     pub(crate) disk: Option<Disk>,
@@ -193,9 +195,37 @@ impl DbInner {
     }
 }
 
+impl DbInner {
+    /// Stops the background threads (the checkpointer first: a checkpoint it runs may wait
+    /// for the Doppel coordinator to end a split phase) and waits until they have exited.
+    /// Called when the last user handle goes, so that the database is dropped right after on
+    /// the user's thread, never later on a background one.
+    fn stop_background(&self) {
+        self.checkpointer.shutdown();
+        if let Some(d) = &self.doppel {
+            d.shutdown();
+        }
+    }
+}
+
 impl Drop for DbInner {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
+        // The threads have been joined by `Owner` already; this only makes sure they stop.
+        self.checkpointer.shutdown();
+    }
+}
+
+/// Shared by the user's handles of one database, never held by its background threads: when
+/// the last handle goes, dropping this stops and joins the background threads before the
+/// database itself is dropped (which closes the log and unlocks the directory), so the drop
+/// of the last handle returns with the directory unlocked.
+struct Owner {
+    inner: Arc<DbInner>,
+}
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        self.inner.stop_background();
     }
 }
 
@@ -218,6 +248,8 @@ impl Drop for DbInner {
 #[derive(Clone)]
 pub struct Database {
     pub(crate) inner: Arc<DbInner>,
+    /// Held by user handles only (see [`Owner`]).
+    _owner: Arc<Owner>,
 }
 
 static NEXT_DB_ID: AtomicU64 = AtomicU64::new(1);
@@ -375,26 +407,30 @@ impl Database {
         });
         let doppel = (opts.cc == ConcurrencyControl::Doppel)
             .then(|| crate::doppel::DoppelHandle::new(id, opts.doppel.clone()));
+        let inner = Arc::new(DbInner {
+            id,
+            opts,
+            locks,
+            lil,
+            next_txn: AtomicU64::new(1),
+            serial: Mutex::new(()),
+            by_id: TableSlots::with(tables.values()),
+            tables: RwLock::new(tables),
+            dir,
+            log,
+            log_mode,
+            checkpoint_lock: Mutex::new(()),
+            checkpointer: Arc::default(),
+            recovery,
+            record_limit: disk.as_ref().map_or(u64::MAX, |d| d.record_limit),
+            disk,
+            doppel,
+        });
         let db = Database {
-            inner: Arc::new(DbInner {
-                id,
-                opts,
-                locks,
-                lil,
-                next_txn: AtomicU64::new(1),
-                serial: Mutex::new(()),
-                by_id: TableSlots::with(tables.values()),
-                tables: RwLock::new(tables),
-                dir,
-                log,
-                log_mode,
-                checkpoint_lock: Mutex::new(()),
-                stop: Arc::new(AtomicBool::new(false)),
-                recovery,
-                record_limit: disk.as_ref().map_or(u64::MAX, |d| d.record_limit),
-                disk,
-                doppel,
+            _owner: Arc::new(Owner {
+                inner: Arc::clone(&inner),
             }),
+            inner,
         };
         if let Some(d) = &db.inner.doppel {
             // Without a coordinator nothing is ever split: the database runs as OCC.

@@ -700,7 +700,8 @@ impl Doppel {
             .iter()
             .any(|s| s.active.load(Ordering::SeqCst) != 0)
         {
-            if start.elapsed() > self.opts.drain_timeout {
+            // A database that is closing cancels: its coordinator is about to be joined.
+            if start.elapsed() > self.opts.drain_timeout || self.stop.load(Ordering::Acquire) {
                 self.word.store(w, Ordering::SeqCst);
                 self.cancelled.fetch_add(1, Ordering::Relaxed);
                 self.wake();
@@ -825,7 +826,8 @@ impl Doppel {
         let mut joined_since = Instant::now();
         let mut split_since = Instant::now();
         loop {
-            std::thread::sleep(tick);
+            // Parked rather than asleep: `DoppelHandle::shutdown` unparks it to stop at once.
+            std::thread::park_timeout(tick);
             if self.stop.load(Ordering::Acquire) {
                 return;
             }
@@ -879,8 +881,13 @@ impl Doppel {
 }
 
 /// The handle the database keeps: the runtime plus its coordinator thread.
+///
+/// The coordinator holds the database only weakly, and strongly only during a phase change;
+/// [`shutdown`](Self::shutdown) (called when the last user handle of the database is dropped)
+/// stops and joins it, so the database is never dropped on the coordinator's thread.
 pub(crate) struct DoppelHandle {
     pub(crate) rt: Arc<Doppel>,
+    coordinator: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 impl Drop for DoppelHandle {
@@ -893,20 +900,38 @@ impl DoppelHandle {
     pub(crate) fn new(db: u64, opts: DoppelOptions) -> DoppelHandle {
         DoppelHandle {
             rt: Doppel::new(db, opts),
+            coordinator: Mutex::new(None),
         }
     }
 
     /// Starts the coordinator thread.
     pub(crate) fn spawn(&self, db: Weak<DbInner>) -> Result<()> {
         let rt = Arc::clone(&self.rt);
-        std::thread::Builder::new()
+        let h = std::thread::Builder::new()
             .name("shoal-doppel".into())
             .spawn(move || rt.coordinate(db))
-            .map(|_| ())
             .map_err(|source| Error::Io {
                 path: "<doppel coordinator thread>".into(),
                 source,
-            })
+            })?;
+        *self.coordinator.lock() = Some(h);
+        Ok(())
+    }
+
+    /// Stops the coordinator and waits until its thread has exited (at most one phase change:
+    /// no transaction runs once the database's last handle is gone, so a change in progress
+    /// drains at once, or is cancelled). A call from the coordinator's own thread only stops
+    /// it.
+    pub(crate) fn shutdown(&self) {
+        self.rt.stop.store(true, Ordering::Release);
+        let Some(h) = self.coordinator.lock().take() else {
+            return;
+        };
+        h.thread().unpark();
+        if h.thread().id() != std::thread::current().id() {
+            // A panic of the coordinator has been reported on its thread already.
+            let _ = h.join();
+        }
     }
 
     pub(crate) fn hint(&self, key: Key, op: Option<SplitOp>) {

@@ -188,3 +188,79 @@ fn truncate(vfs: &dyn Vfs, p: &Path, len: u64) -> Result<()> {
     f.set_len(len).map_err(on("truncate", p))?;
     f.sync().map_err(on("fsync", p))
 }
+
+/// Reads, changing nothing, every record with `from <= LSN < to` in log order, calling
+/// `f(lsn, record)`: for a reader beside a live log (a checkpoint looking up committed values).
+/// The log must be durable up to `to`, a record boundary; bytes at or past `to` are never
+/// decoded (the flusher may be appending them). A gap, a record that does not decode or
+/// crosses `to`, or a log that ends below `to` is [`Error::Corrupt`].
+pub(crate) fn scan_below(
+    vfs: &dyn Vfs,
+    dir: &Path,
+    from: u64,
+    to: u64,
+    mut f: impl FnMut(u64, LogRecord) -> Result<()>,
+) -> Result<()> {
+    if from >= to {
+        return Ok(());
+    }
+    let segs = list(vfs, dir)?;
+    // Every record in `[from, at)` has been visited.
+    let mut at = from;
+    for (i, (start, p)) in segs.iter().enumerate() {
+        let next_start = segs.get(i + 1).map(|s| s.0);
+        if next_start.is_some_and(|n| n <= from) {
+            continue;
+        }
+        if *start >= to {
+            break;
+        }
+        let corrupt = |offset: u64, detail: String| Error::Corrupt {
+            path: p.clone(),
+            offset,
+            detail,
+        };
+        if *start > at {
+            return Err(corrupt(
+                0,
+                format!("log gap: no segment holds LSN {at}, this one starts at {start}"),
+            ));
+        }
+        let limit = next_start.map_or(to, |n| n.min(to));
+        let bytes = vfs.read(p).map_err(on("read", p))?;
+        let mut off = 0usize;
+        while start + (off as u64) < limit {
+            let lsn = start + off as u64;
+            match decode_frame_at(&bytes[off..], lsn) {
+                Frame::Record(rec, n) => {
+                    if lsn + n as u64 > limit {
+                        return Err(corrupt(
+                            off as u64,
+                            format!("a record at LSN {lsn} runs past LSN {limit}"),
+                        ));
+                    }
+                    if lsn >= from {
+                        f(lsn, rec)?;
+                    }
+                    off += n;
+                }
+                Frame::Truncated => {
+                    return Err(corrupt(
+                        off as u64,
+                        format!("the segment ends at LSN {lsn}, below LSN {limit}"),
+                    ))
+                }
+                Frame::Bad(detail) => return Err(corrupt(off as u64, detail)),
+            }
+        }
+        at = start + off as u64;
+    }
+    if at < to {
+        return Err(Error::Corrupt {
+            path: dir.to_path_buf(),
+            offset: at,
+            detail: format!("the log ends at LSN {at}, below LSN {to}"),
+        });
+    }
+    Ok(())
+}

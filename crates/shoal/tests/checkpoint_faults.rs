@@ -7,17 +7,12 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::dump;
 use shoal::doppel::{DoppelOptions, SplitOp};
 use shoal::log::record::{decode_frame_at, Frame, LogRecord};
 use shoal::{ConcurrencyControl, Database, DeadlockPolicy, LockTableKind, Options};
-
-fn dump(db: &Database, table: &str) -> BTreeMap<Vec<u8>, Vec<u8>> {
-    let t = db.table(table).expect("table");
-    db.run(|tx| tx.scan(&t, ..))
-        .expect("scan")
-        .into_iter()
-        .collect()
-}
 
 fn key(i: u32) -> Vec<u8> {
     format!("k{i:03}").into_bytes()

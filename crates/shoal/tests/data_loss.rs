@@ -14,6 +14,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+mod common;
+
+use common::dump;
 use shoal::log::record::{decode_frame_at, Frame, LogRecord};
 use shoal::{ConcurrencyControl, Database, Error, LogMode, Options, Table};
 
@@ -97,14 +100,6 @@ fn record_at(bytes: &[u8], start: u64, off: usize, size: usize) -> LogRecord {
         }
         other => panic!("the frame at offset {off} does not decode: {other:?}"),
     }
-}
-
-fn dump(db: &Database, table: &str) -> BTreeMap<Vec<u8>, Vec<u8>> {
-    let t = db.table(table).expect("table");
-    db.run(|tx| tx.scan(&t, ..))
-        .expect("scan")
-        .into_iter()
-        .collect()
 }
 
 fn key(i: usize) -> String {

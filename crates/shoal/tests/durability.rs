@@ -7,6 +7,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+mod common;
+
+use common::dump;
 use shoal::{Database, Error, LogMode, Options};
 
 fn opts() -> Options {
@@ -21,14 +24,6 @@ fn segments(dir: &Path) -> Vec<PathBuf> {
         .collect();
     v.sort();
     v
-}
-
-fn dump(db: &Database, table: &str) -> BTreeMap<Vec<u8>, Vec<u8>> {
-    let t = db.table(table).expect("table");
-    db.run(|tx| tx.scan(&t, ..))
-        .expect("scan")
-        .into_iter()
-        .collect()
 }
 
 #[test]

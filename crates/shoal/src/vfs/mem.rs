@@ -136,7 +136,6 @@ impl MemFs {
     /// The file system after a power loss now; `seed` picks how much of each unsynced append
     /// survives (whole 512-byte sectors).
     pub(crate) fn power_loss(&self, seed: u64) -> MemFs {
-        let st = self.st.lock();
         let mut rng = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
         let mut next = move || {
             rng ^= rng << 13;
@@ -144,24 +143,39 @@ impl MemFs {
             rng ^= rng << 17;
             rng
         };
+        self.derive(true, |i| {
+            if i.data.len() > i.synced.len() && i.data.starts_with(&i.synced) {
+                // Cut points: the synced end, every sector boundary after it, the end.
+                let first = i.synced.len().div_ceil(512) * 512;
+                let mut cuts = vec![i.synced.len()];
+                cuts.extend(
+                    (first..i.data.len())
+                        .step_by(512)
+                        .filter(|&c| c > i.synced.len()),
+                );
+                cuts.push(i.data.len());
+                i.data[..cuts[(next() % cuts.len() as u64) as usize]].to_vec()
+            } else {
+                i.synced.clone()
+            }
+        })
+    }
+
+    /// A copy of the current state (no faults, no locks), as if every file were durable: what
+    /// a process crash leaves.
+    pub(crate) fn snapshot(&self) -> MemFs {
+        self.derive(false, |i| i.data.clone())
+    }
+
+    /// A new file system whose files hold `bytes(inode)`, durably, and whose directories hold
+    /// their durable entries (`durable_dirs`) or their current ones.
+    fn derive(&self, durable_dirs: bool, mut bytes: impl FnMut(&Inode) -> Vec<u8>) -> MemFs {
+        let st = self.st.lock();
         let inodes = st
             .inodes
             .iter()
             .map(|i| {
-                let mut data = i.synced.clone();
-                if i.data.len() > i.synced.len() && i.data.starts_with(&i.synced) {
-                    // Cut points: the synced end, every sector boundary after it, the end.
-                    let first = i.synced.len().div_ceil(512) * 512;
-                    let mut cuts = vec![i.synced.len()];
-                    cuts.extend(
-                        (first..i.data.len())
-                            .step_by(512)
-                            .filter(|&c| c > i.synced.len()),
-                    );
-                    cuts.push(i.data.len());
-                    let cut = cuts[(next() % cuts.len() as u64) as usize];
-                    data = i.data[..cut].to_vec();
-                }
+                let data = bytes(i);
                 Inode {
                     synced: data.clone(),
                     data,
@@ -172,44 +186,12 @@ impl MemFs {
             .dirs
             .iter()
             .map(|(p, d)| {
+                let entries = if durable_dirs { &d.durable } else { &d.live };
                 (
                     p.clone(),
                     Dir {
-                        live: d.durable.clone(),
-                        durable: d.durable.clone(),
-                    },
-                )
-            })
-            .collect();
-        MemFs {
-            st: Arc::new(Mutex::new(State {
-                inodes,
-                dirs,
-                ..State::default()
-            })),
-        }
-    }
-
-    /// A copy of the current state (no faults, no locks), as if every file were durable.
-    pub(crate) fn snapshot(&self) -> MemFs {
-        let st = self.st.lock();
-        let inodes = st
-            .inodes
-            .iter()
-            .map(|i| Inode {
-                data: i.data.clone(),
-                synced: i.data.clone(),
-            })
-            .collect();
-        let dirs = st
-            .dirs
-            .iter()
-            .map(|(p, d)| {
-                (
-                    p.clone(),
-                    Dir {
-                        live: d.live.clone(),
-                        durable: d.live.clone(),
+                        live: entries.clone(),
+                        durable: entries.clone(),
                     },
                 )
             })

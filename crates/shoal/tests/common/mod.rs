@@ -8,10 +8,11 @@
 pub mod dsg;
 pub mod sched;
 
+use std::collections::BTreeMap;
 use std::ops::{Bound, RangeBounds};
 use std::time::Duration;
 
-use shoal::{ConcurrencyControl, Options};
+use shoal::{ConcurrencyControl, Database, Options};
 
 /// The lock wait used by the tests: short, so that a test that wedges fails fast, long enough
 /// that a loaded 2-core CI machine does not time out ordinary waits all the time.
@@ -176,4 +177,13 @@ impl shoal::KeyRange for KeyRange {
     fn key_bounds(&self) -> (Bound<&[u8]>, Bound<&[u8]>) {
         (self.start_bound(), self.end_bound())
     }
+}
+
+/// Every row of `table`, read in one transaction.
+pub fn dump(db: &Database, table: &str) -> BTreeMap<Vec<u8>, Vec<u8>> {
+    let t = db.table(table).expect("table");
+    db.run(|tx| tx.scan(&t, ..))
+        .expect("scan")
+        .into_iter()
+        .collect()
 }

@@ -226,16 +226,26 @@ fn corrupt_payload_bit_in_first_commit_fails_open_instead_of_dropping_99_commits
     flip_in_first_commit_is_reported(12, 5);
 }
 
-#[test]
-fn corrupt_frame_in_last_of_several_segments_is_reported_with_its_file_offset() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let opts = || Options {
+/// Options with 1 KiB log segments.
+fn small_segments() -> Options {
+    Options {
         log_segment_size: 1024,
         ..Options::default()
-    };
-    commit_n(dir.path(), opts(), 100);
+    }
+}
+
+/// A database of 100 commits in 1 KiB segments (at least three), and its segments.
+fn hundred_commits_in_small_segments() -> (tempfile::TempDir, Vec<(u64, PathBuf)>) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    commit_n(dir.path(), small_segments(), 100);
     let segs = segments(dir.path());
     assert!(segs.len() >= 3, "small segments: {} of them", segs.len());
+    (dir, segs)
+}
+
+#[test]
+fn corrupt_frame_in_last_of_several_segments_is_reported_with_its_file_offset() {
+    let (dir, segs) = hundred_commits_in_small_segments();
     // The last segment holding records (a rotation may leave an empty one after it).
     let (start, seg) = segs
         .iter()
@@ -257,7 +267,7 @@ fn corrupt_frame_in_last_of_several_segments_is_reported_with_its_file_offset() 
     bytes[off + 2] ^= 1 << 3;
     std::fs::write(&seg, &bytes).expect("write");
     let before = snapshot(dir.path());
-    let (path, offset, detail) = expect_corrupt(Database::open(dir.path(), opts()));
+    let (path, offset, detail) = expect_corrupt(Database::open(dir.path(), small_segments()));
     assert_eq!(path, seg, "{detail}");
     assert_eq!(
         offset,
@@ -267,20 +277,13 @@ fn corrupt_frame_in_last_of_several_segments_is_reported_with_its_file_offset() 
     );
     assert_eq!(snapshot(dir.path()), before);
     std::fs::write(&seg, &orig).expect("restore");
-    let db = Database::open(dir.path(), opts()).expect("open repaired");
+    let db = Database::open(dir.path(), small_segments()).expect("open repaired");
     assert_eq!(dump(&db, "t"), expected_rows(100));
 }
 
 #[test]
 fn damaged_last_frame_of_a_segment_that_is_not_the_last_is_reported_not_cut() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let opts = || Options {
-        log_segment_size: 1024,
-        ..Options::default()
-    };
-    commit_n(dir.path(), opts(), 100);
-    let segs = segments(dir.path());
-    assert!(segs.len() >= 3);
+    let (dir, segs) = hundred_commits_in_small_segments();
     let (_, seg) = segs[0].clone();
     let orig = std::fs::read(&seg).expect("read");
     let fr = frames(&orig);
@@ -290,7 +293,7 @@ fn damaged_last_frame_of_a_segment_that_is_not_the_last_is_reported_not_cut() {
     bytes[off + size - 1] ^= 0x40;
     std::fs::write(&seg, &bytes).expect("write");
     let before = snapshot(dir.path());
-    let (path, offset, detail) = expect_corrupt(Database::open(dir.path(), opts()));
+    let (path, offset, detail) = expect_corrupt(Database::open(dir.path(), small_segments()));
     assert_eq!(path, seg, "{detail}");
     assert_eq!(offset, off as u64, "{detail}");
     assert_eq!(snapshot(dir.path()), before);

@@ -11,6 +11,7 @@
 //! committed value the last after-image logged before it, and every commit at or after the
 //! checkpoint's LSN is replayed by recovery anyway.
 
+use super::recovery::{redo, Redo};
 use super::*;
 
 /// Rows per checkpoint record, at most.
@@ -313,62 +314,25 @@ impl DbInner {
     ) -> Result<KeyValues> {
         let mut values: KeyValues = keys.into_iter().map(|k| (k, None)).collect();
         log.wait_durable(lsn)?;
-        fn after_images(values: &mut KeyValues, writes: Vec<LogWrite>) {
-            for w in writes {
-                if let Some(v) = values.get_mut(&(w.table, w.key)) {
-                    *v = w.value;
-                }
+        let mut after = |table, key: Vec<u8>, r: Redo| {
+            let k = (table, key);
+            if let Some(v) = values.get_mut(&k) {
+                *v = r.after(&k.1, v.as_deref());
             }
-        }
+            Ok(())
+        };
         // The previous checkpoint cannot go meanwhile: checkpoints run one at a time.
         let from = match checkpoint::load_latest(vfs, dir)? {
             Some(prev) => {
                 for rec in prev.records {
-                    if let LogRecord::Commit { writes, .. } = rec {
-                        after_images(&mut values, writes);
-                    }
+                    redo(rec, (dir, prev.lsn), &mut after)?;
                 }
                 prev.lsn
             }
             None => 0,
         };
-        segment::scan_below(vfs, log.dir(), from, lsn, |at, rec| {
-            match rec {
-                LogRecord::Commit { writes, .. } => after_images(&mut values, writes),
-                LogRecord::Ops { writes, ops, .. } => {
-                    after_images(&mut values, writes);
-                    // Split operations are logged under Doppel only, which never takes this
-                    // path; a log written under Doppel and reopened under 2PL still replays
-                    // them, the way recovery does.
-                    for o in ops {
-                        let k = (o.table, o.key);
-                        let Some(v) = values.get_mut(&k) else {
-                            continue;
-                        };
-                        let corrupt = |detail: &str| Error::Corrupt {
-                            path: log.dir().to_path_buf(),
-                            offset: at,
-                            detail: format!(
-                                "a Doppel split operation met a 2PL checkpoint: {detail}"
-                            ),
-                        };
-                        let d = crate::doppel::Delta::decode(&o.op)
-                            .ok_or_else(|| corrupt("it does not decode"))?;
-                        if let Ok(new) = d.apply(&k.1, v.as_deref(), true) {
-                            *v = Some(new);
-                        }
-                    }
-                }
-                LogRecord::CreateTable { .. } => {}
-                LogRecord::CheckpointEnd { .. } => {
-                    return Err(Error::Corrupt {
-                        path: log.dir().to_path_buf(),
-                        offset: at,
-                        detail: "a checkpoint marker inside the log".into(),
-                    })
-                }
-            }
-            Ok(())
+        segment::replay(vfs, log.dir(), from, Some(lsn), |at, rec| {
+            redo(rec, (log.dir(), at), &mut after).map(|_| ())
         })?;
         Ok(values)
     }

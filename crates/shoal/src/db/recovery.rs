@@ -21,16 +21,60 @@ pub struct RecoveryStats {
     pub elapsed: Duration,
 }
 
-fn table_of<'a>(
-    by_id: &'a BTreeMap<TableId, Table>,
-    id: TableId,
+/// What a log record does to one key.
+pub(super) enum Redo {
+    /// Sets its value (`None`: deletes it).
+    Put(Option<Vec<u8>>),
+    /// Applies a Doppel split operation to its current value.
+    Op(crate::doppel::Delta),
+}
+
+impl Redo {
+    /// The key's value after this, given its value `cur` before (`None`: absent).
+    pub(super) fn after(self, key: &[u8], cur: Option<&[u8]>) -> Option<Vec<u8>> {
+        match self {
+            Redo::Put(v) => v,
+            // An operation that does not apply (a value of the wrong type) changes nothing,
+            // as it did when it ran.
+            Redo::Op(d) => match d.apply(key, cur, true) {
+                Ok(v) => Some(v),
+                Err(_) => cur.map(<[u8]>::to_vec),
+            },
+        }
+    }
+}
+
+/// Calls `f(table, key, redo)` for every key a commit record (`Commit` or `Ops`) changes, in
+/// replay order; returns how many. A checkpoint marker in the log or a split operation that
+/// does not decode is `Error::Corrupt` at `at`; `CreateTable` records are the caller's.
+pub(super) fn redo(
+    rec: LogRecord,
     at: (&Path, u64),
-) -> Result<&'a Table> {
-    by_id.get(&id).ok_or_else(|| Error::Corrupt {
+    mut f: impl FnMut(TableId, Vec<u8>, Redo) -> Result<()>,
+) -> Result<u64> {
+    let corrupt = |detail: &str| Error::Corrupt {
         path: at.0.to_path_buf(),
         offset: at.1,
-        detail: format!("a commit record names table id {id} that was never created"),
-    })
+        detail: detail.to_string(),
+    };
+    let (writes, ops) = match rec {
+        LogRecord::Commit { writes, .. } => (writes, Vec::new()),
+        LogRecord::Ops { writes, ops, .. } => (writes, ops),
+        LogRecord::CreateTable { .. } => return Ok(0),
+        LogRecord::CheckpointEnd { .. } => {
+            return Err(corrupt("a checkpoint marker inside the log"))
+        }
+    };
+    let n = (writes.len() + ops.len()) as u64;
+    for w in writes {
+        f(w.table, w.key, Redo::Put(w.value))?;
+    }
+    for o in ops {
+        let d = crate::doppel::Delta::decode(&o.op)
+            .ok_or_else(|| corrupt("an undecodable split operation"))?;
+        f(o.table, o.key, Redo::Op(d))?;
+    }
+    Ok(n)
 }
 
 /// Rebuilds the tables from the newest checkpoint and the log after it.
@@ -44,89 +88,44 @@ pub(super) fn recover(
     let mut by_id: BTreeMap<TableId, Table> = BTreeMap::new();
     let mut stats = RecoveryStats::default();
     let mut from = 0;
-    let apply =
-        |by_id: &mut BTreeMap<TableId, Table>, rec: LogRecord, at: (&Path, u64)| -> Result<u64> {
-            match rec {
-                LogRecord::CreateTable { id, name } => {
-                    if id as usize >= MAX_TABLES {
-                        return Err(Error::Corrupt {
-                            path: at.0.to_path_buf(),
-                            offset: at.1,
-                            detail: format!(
-                                "a create-table record names table id {id}, beyond the limit of \
-                                 {} tables",
-                                MAX_TABLES - 1
-                            ),
-                        });
-                    }
-                    by_id
-                        .entry(id)
-                        .or_insert_with(|| new_table(id, &name, db_id));
-                    Ok(0)
-                }
-                LogRecord::Commit { writes, .. } => {
-                    let n = writes.len() as u64;
-                    for w in writes {
-                        let t = by_id.get(&w.table).ok_or_else(|| Error::Corrupt {
-                            path: at.0.to_path_buf(),
-                            offset: at.1,
-                            detail: format!(
-                                "a commit record names table id {} that was never created",
-                                w.table
-                            ),
-                        })?;
-                        let value = w.value;
-                        t.inner.tree.update(&w.key, |slot| {
-                            *slot = value.map(|value| Record {
-                                value,
-                                ghost: false,
-                                tid: 0,
-                            });
-                        });
-                    }
-                    Ok(n)
-                }
-                LogRecord::Ops { writes, ops, .. } => {
-                    let n = (writes.len() + ops.len()) as u64;
-                    for w in writes {
-                        let t = table_of(by_id, w.table, at)?;
-                        let value = w.value;
-                        t.inner.tree.update(&w.key, |slot| {
-                            *slot = value.map(|value| Record {
-                                value,
-                                ghost: false,
-                                tid: 0,
-                            });
-                        });
-                    }
-                    for o in ops {
-                        let t = table_of(by_id, o.table, at)?;
-                        let d =
-                            crate::doppel::Delta::decode(&o.op).ok_or_else(|| Error::Corrupt {
-                                path: at.0.to_path_buf(),
-                                offset: at.1,
-                                detail: "an undecodable split operation".into(),
-                            })?;
-                        t.inner.tree.update(&o.key, |slot| {
-                            let cur = slot.as_ref().filter(|r| !r.ghost).map(|r| &r.value[..]);
-                            if let Ok(value) = d.apply(&o.key, cur, true) {
-                                *slot = Some(Record {
-                                    value,
-                                    ghost: false,
-                                    tid: 0,
-                                });
-                            }
-                        });
-                    }
-                    Ok(n)
-                }
-                LogRecord::CheckpointEnd { .. } => Err(Error::Corrupt {
+    let apply = |by_id: &mut BTreeMap<TableId, Table>,
+                 rec: LogRecord,
+                 at: (&Path, u64)|
+     -> Result<u64> {
+        if let LogRecord::CreateTable { id, name } = &rec {
+            if *id as usize >= MAX_TABLES {
+                return Err(Error::Corrupt {
                     path: at.0.to_path_buf(),
                     offset: at.1,
-                    detail: "a checkpoint marker inside the log".into(),
-                }),
+                    detail: format!(
+                        "a create-table record names table id {id}, beyond the limit of {} \
+                             tables",
+                        MAX_TABLES - 1
+                    ),
+                });
             }
-        };
+            by_id
+                .entry(*id)
+                .or_insert_with(|| new_table(*id, name, db_id));
+            return Ok(0);
+        }
+        redo(rec, at, |table, key, r| {
+            let t = by_id.get(&table).ok_or_else(|| Error::Corrupt {
+                path: at.0.to_path_buf(),
+                offset: at.1,
+                detail: format!("a commit record names table id {table} that was never created"),
+            })?;
+            t.inner.tree.update(&key, |slot| {
+                let cur = slot.as_ref().filter(|r| !r.ghost).map(|r| &r.value[..]);
+                *slot = r.after(&key, cur).map(|value| Record {
+                    value,
+                    ghost: false,
+                    tid: 0,
+                });
+            });
+            Ok(())
+        })
+    };
     if let Some(ck) = checkpoint::load_latest(vfs, dir)? {
         from = ck.lsn;
         stats.checkpoint_lsn = Some(ck.lsn);
@@ -135,7 +134,7 @@ pub(super) fn recover(
         }
     }
     let mut records = 0u64;
-    let scan = segment::replay(vfs, log_dir, from, |lsn, rec| {
+    let scan = segment::replay(vfs, log_dir, from, None, |lsn, rec| {
         records += 1;
         apply(&mut by_id, rec, (log_dir, lsn)).map(|_| ())
     })?;

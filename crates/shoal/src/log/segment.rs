@@ -84,9 +84,13 @@ pub(crate) struct LogScan {
     pub torn_file: Option<PathBuf>,
 }
 
-/// Reads every record with LSN >= `from`, in log order, calling `apply(lsn, record)`.
+/// Reads every record with LSN >= `from` (and below `upto`, if given), in log order, calling
+/// `apply(lsn, record)`.
 ///
-/// The end of the last segment may hold a torn tail (a flush cut short by a crash): bytes
+/// With `upto` the read is of a log known durable up to there (a checkpoint looking up
+/// committed values): it writes nothing, and anything below `upto` that does not decode is
+/// `Error::Corrupt`, as is a log ending below it. Without `upto` (recovery), the end of the
+/// last segment may hold a torn tail (a flush cut short by a crash): bytes
 /// that do not decode, after which no whole record follows. It is cut off, and the cut bytes
 /// are first kept in `torn-<LSN>.bin` beside the segment (open never destroys bytes it could
 /// not read). Bytes that do not decode but are followed by a whole record are damage to
@@ -95,9 +99,11 @@ pub(crate) fn replay(
     vfs: &dyn Vfs,
     dir: &Path,
     from: u64,
+    upto: Option<u64>,
     mut apply: impl FnMut(u64, LogRecord) -> Result<()>,
 ) -> Result<LogScan> {
     let segs = list(vfs, dir)?;
+    let limit = upto.unwrap_or(u64::MAX);
     let mut end = from;
     let mut torn_bytes = 0;
     let mut torn_file = None;
@@ -106,6 +112,9 @@ pub(crate) fn replay(
         let next_start = segs.get(i + 1).map(|s| s.0);
         if next_start.is_some_and(|n| n <= from) {
             continue; // wholly before the checkpoint
+        }
+        if *start >= limit {
+            break;
         }
         let bytes = vfs.read(p).map_err(on("read", p))?;
         if *start > end {
@@ -118,7 +127,7 @@ pub(crate) fn replay(
             });
         }
         let mut off = 0usize;
-        while off < bytes.len() {
+        while off < bytes.len() && start + (off as u64) < limit {
             let lsn = start + off as u64;
             let detail = match decode_frame_at(&bytes[off..], lsn) {
                 Frame::Record(rec, n) => {
@@ -131,7 +140,7 @@ pub(crate) fn replay(
                 Frame::Truncated => "a record is cut short".to_string(),
                 Frame::Bad(detail) => detail,
             };
-            if last && !has_good_record_after(&bytes, *start, off) {
+            if upto.is_none() && last && !has_good_record_after(&bytes, *start, off) {
                 // A torn tail: nothing whole follows. Keep its bytes aside, then cut it.
                 let keep = dir.join(format!("torn-{lsn:020}.bin"));
                 let _ = vfs.remove(&keep);
@@ -147,7 +156,9 @@ pub(crate) fn replay(
             return Err(Error::Corrupt {
                 path: p.clone(),
                 offset: off as u64,
-                detail: if last {
+                detail: if upto.is_some() {
+                    format!("{detail}, below LSN {limit}, which is durable")
+                } else if last {
                     format!("{detail}, and whole records follow it")
                 } else {
                     format!("{detail}, in a segment that is not the last")
@@ -155,7 +166,7 @@ pub(crate) fn replay(
             });
         }
         end = start + off as u64;
-        if let Some(n) = next_start {
+        if let Some(n) = next_start.filter(|_| off == bytes.len()) {
             if n != end && !last {
                 return Err(Error::Corrupt {
                     path: p.clone(),
@@ -164,6 +175,13 @@ pub(crate) fn replay(
                 });
             }
         }
+    }
+    if upto.is_some_and(|u| end.max(from) != u) {
+        return Err(Error::Corrupt {
+            path: dir.to_path_buf(),
+            offset: end,
+            detail: format!("the log reaches LSN {end}, not the durable LSN {limit}"),
+        });
     }
     Ok(LogScan {
         end: end.max(from),
@@ -187,80 +205,4 @@ fn truncate(vfs: &dyn Vfs, p: &Path, len: u64) -> Result<()> {
     let mut f = vfs.open_append(p).map_err(on("open", p))?;
     f.set_len(len).map_err(on("truncate", p))?;
     f.sync().map_err(on("fsync", p))
-}
-
-/// Reads, changing nothing, every record with `from <= LSN < to` in log order, calling
-/// `f(lsn, record)`: for a reader beside a live log (a checkpoint looking up committed values).
-/// The log must be durable up to `to`, a record boundary; bytes at or past `to` are never
-/// decoded (the flusher may be appending them). A gap, a record that does not decode or
-/// crosses `to`, or a log that ends below `to` is [`Error::Corrupt`].
-pub(crate) fn scan_below(
-    vfs: &dyn Vfs,
-    dir: &Path,
-    from: u64,
-    to: u64,
-    mut f: impl FnMut(u64, LogRecord) -> Result<()>,
-) -> Result<()> {
-    if from >= to {
-        return Ok(());
-    }
-    let segs = list(vfs, dir)?;
-    // Every record in `[from, at)` has been visited.
-    let mut at = from;
-    for (i, (start, p)) in segs.iter().enumerate() {
-        let next_start = segs.get(i + 1).map(|s| s.0);
-        if next_start.is_some_and(|n| n <= from) {
-            continue;
-        }
-        if *start >= to {
-            break;
-        }
-        let corrupt = |offset: u64, detail: String| Error::Corrupt {
-            path: p.clone(),
-            offset,
-            detail,
-        };
-        if *start > at {
-            return Err(corrupt(
-                0,
-                format!("log gap: no segment holds LSN {at}, this one starts at {start}"),
-            ));
-        }
-        let limit = next_start.map_or(to, |n| n.min(to));
-        let bytes = vfs.read(p).map_err(on("read", p))?;
-        let mut off = 0usize;
-        while start + (off as u64) < limit {
-            let lsn = start + off as u64;
-            match decode_frame_at(&bytes[off..], lsn) {
-                Frame::Record(rec, n) => {
-                    if lsn + n as u64 > limit {
-                        return Err(corrupt(
-                            off as u64,
-                            format!("a record at LSN {lsn} runs past LSN {limit}"),
-                        ));
-                    }
-                    if lsn >= from {
-                        f(lsn, rec)?;
-                    }
-                    off += n;
-                }
-                Frame::Truncated => {
-                    return Err(corrupt(
-                        off as u64,
-                        format!("the segment ends at LSN {lsn}, below LSN {limit}"),
-                    ))
-                }
-                Frame::Bad(detail) => return Err(corrupt(off as u64, detail)),
-            }
-        }
-        at = start + off as u64;
-    }
-    if at < to {
-        return Err(Error::Corrupt {
-            path: dir.to_path_buf(),
-            offset: at,
-            detail: format!("the log ends at LSN {at}, below LSN {to}"),
-        });
-    }
-    Ok(())
 }

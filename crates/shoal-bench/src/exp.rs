@@ -1,4 +1,4 @@
-//! `shoal exp ID`: the registry of the papers' experiments (`/work/shared/EXPERIMENTS.md`,
+//! `shoal exp ID`: the registry of the papers' experiments (`../shared/EXPERIMENTS.md`,
 //! `docs/results.md`), each a named set of `shoal bench` sweeps with a full and a `--quick`
 //! variant. Running one runs its sweeps in-process through the bench machinery, then writes
 //! `DIR/ID.json` (the bench JSON records, each with `experiment`, `group` and `series` added),

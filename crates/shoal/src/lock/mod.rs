@@ -10,6 +10,7 @@
 //! shard and a FIFO queue per lock. The scalable latch-free table replaces it behind the same
 //! trait.
 
+pub mod deadlock;
 pub mod dread;
 pub mod intent;
 pub mod latchfree;

@@ -11,13 +11,18 @@ use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
 use rustc_hash::FxBuildHasher;
+use smallvec::SmallVec;
 
+use super::deadlock::{Blocker, Deadlocks, Decision};
+use super::dread::{age_of, pipeline_len};
 use super::sync::{
     current, fence, park_timeout, yield_now, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize,
     Ordering::{Relaxed, SeqCst},
     Thread,
 };
-use super::{DeadlockPolicy, LockFailure, LockId, LockMode, LockTable, LockTableFootprint, TxnId};
+use super::{
+    DeadlockPolicy, LockFailure, LockId, LockMode, LockTable, LockTableFootprint, TxnId, Victim,
+};
 
 /// Buckets per bucket group: a group is one cache line holding its reclamation gate (three
 /// counters) and this many bucket pointers.
@@ -167,6 +172,11 @@ fn compatible_with_all(m: LockMode, mask: u16) -> bool {
 struct Entry {
     txn: AtomicU64,
     state: AtomicU32,
+    /// The transaction's age (wait-die and wound-wait timestamp, Dreadlocks' victim rule),
+    /// recorded when the entry is appended under the policies that read it, else 0.
+    age: AtomicU64,
+    /// The requesting thread's flush-pipeline length when it asked (victim rules).
+    pipe: AtomicU32,
     next: AtomicPtr<Entry>,
     head: AtomicPtr<LockHead>,
     /// The requesting thread, unparked by wakers. Written only while the entry is unlinked and
@@ -179,6 +189,8 @@ impl Entry {
         Entry {
             txn: AtomicU64::new(0),
             state: AtomicU32::new(OBSOLETE),
+            age: AtomicU64::new(0),
+            pipe: AtomicU32::new(0),
             next: AtomicPtr::new(ptr::null_mut()),
             head: AtomicPtr::new(ptr::null_mut()),
             thread: UnsafeCell::new(None),
@@ -506,14 +518,16 @@ pub struct LatchFreeLockTable {
     /// Highest early-lock-release tag of a killed lock head, per stripe of buckets: a tag
     /// must outlive its lock head.
     tag_floor: Box<[AtomicU64]>,
-    policy: DeadlockPolicy,
+    /// The deadlock policy's decisions and per-transaction state, shared with the other
+    /// tables; the waits-for search is this table's own (`deadlock_victim`).
+    deadlocks: Deadlocks,
     params: Params,
 }
 
 impl std::fmt::Debug for LatchFreeLockTable {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LatchFreeLockTable")
-            .field("policy", &self.policy)
+            .field("policy", &self.deadlocks.policy())
             .field("allocated_entries", &self.allocated_entries())
             .field("allocated_heads", &self.allocated_heads())
             .finish()
@@ -564,14 +578,25 @@ impl LatchFreeLockTable {
             tag_floor: (0..params.buckets.min(TAG_FLOORS))
                 .map(|_| AtomicU64::new(0))
                 .collect(),
-            policy,
+            deadlocks: Deadlocks::new(policy, Victim::KillYoung),
             params,
         }
     }
 
+    /// Sets the victim rule Dreadlocks uses (default kill-young).
+    pub fn with_victim(mut self, victim: Victim) -> Self {
+        self.deadlocks = Deadlocks::new(self.deadlocks.policy(), victim);
+        self
+    }
+
     /// The deadlock policy the table was created with.
     pub fn policy(&self) -> DeadlockPolicy {
-        self.policy
+        self.deadlocks.policy()
+    }
+
+    /// The victim rule.
+    pub fn victim(&self) -> Victim {
+        self.deadlocks.victim()
     }
 
     /// Number of request entries currently allocated (live, obsolete, retired or pooled).
@@ -967,6 +992,13 @@ impl LatchFreeLockTable {
         let entry = unsafe { &*e };
         entry.txn.store(txn, SeqCst);
         entry.state.store(state, SeqCst);
+        let (age, pipe) = if self.deadlocks.needs_blocker_ages() {
+            (age_of(txn), pipeline_len().min(u64::from(u32::MAX)) as u32)
+        } else {
+            (0, 0)
+        };
+        entry.age.store(age, SeqCst);
+        entry.pipe.store(pipe, SeqCst);
         entry.next.store(ptr::null_mut(), SeqCst);
         entry
             .head
@@ -1400,15 +1432,20 @@ impl LatchFreeLockTable {
     /// Wakes the waiters of `h` whose requested mode conflicts with a mode in `mask` that
     /// `me` stopped holding or requesting. Call after the state change and a fence.
     /// Also unlinks the obsolete entries it passes.
+    /// Under Dreadlocks with backoff, marks the digests of the waiters it passes stale
+    /// (their dependencies may just have changed; see `Deadlocks::lock_changed`).
     fn wake(&self, g: &Guard<'_>, h: &LockHead, me: *const Entry, mask: u16) {
+        let stale = self.deadlocks.marks_waiters_stale();
         self.walk_clean(g, h, |e| {
             if !ptr::eq(e, me) {
                 let s = e.state.load(SeqCst);
-                if s & WAITING != 0
-                    && s & OBSOLETE == 0
-                    && !compatible_with_all(requested_of(s), mask)
-                {
-                    e.unpark();
+                if s & WAITING != 0 && s & OBSOLETE == 0 {
+                    if stale {
+                        self.deadlocks.lock_changed(e.txn.load(SeqCst), true);
+                    }
+                    if !compatible_with_all(requested_of(s), mask) {
+                        e.unpark();
+                    }
                 }
             }
         });
@@ -1444,16 +1481,36 @@ impl LatchFreeLockTable {
 
     /// The transactions blocking the waiting entry `e` (empty if it does not wait).
     fn blockers(&self, e: &Entry) -> Vec<TxnId> {
+        let mut out = Vec::new();
+        self.for_each_blocker(e, |o| out.push(o.txn.load(SeqCst)));
+        out
+    }
+
+    /// The transactions blocking the waiting entry `e`, with the ages and pipeline lengths
+    /// their entries recorded, for the shared policies' decisions.
+    fn blocker_set(&self, e: &Entry, out: &mut Vec<Blocker>) {
+        out.clear();
+        self.for_each_blocker(e, |o| {
+            out.push(Blocker {
+                txn: o.txn.load(SeqCst),
+                age: o.age.load(SeqCst),
+                pipe: o.pipe.load(SeqCst),
+            })
+        });
+    }
+
+    /// Calls `f` with each live entry blocking the waiting entry `e` (none if it does not
+    /// wait): Kimura's rule, as in `evaluate`. Must be pinned where `e`'s lock head is.
+    fn for_each_blocker(&self, e: &Entry, mut f: impl FnMut(&Entry)) {
         let s = e.state.load(SeqCst);
         if s & WAITING == 0 || s & OBSOLETE != 0 {
-            return Vec::new();
+            return;
         }
         let (target, new) = (requested_of(s), granted_of(s) == LockMode::N);
         // SAFETY: `e` was live (not obsolete) when its state was read above, and we were
         // pinned then: a lock head with a live entry is not killed, so it is retired (if ever)
         // after that read and stays allocated while we are pinned.
         let h = unsafe { &*e.head.load(SeqCst) };
-        let mut out = Vec::new();
         let mut ahead = true;
         self.walk(h, |o| {
             if ptr::eq(o, e) {
@@ -1465,11 +1522,19 @@ impl LatchFreeLockTable {
                 && (!granted_of(so).compatible(target)
                     || (new && ahead && so & WAITING != 0 && !requested_of(so).compatible(target)))
             {
-                out.push(o.txn.load(SeqCst));
+                f(o);
             }
             true
         });
-        out
+    }
+
+    /// Wakes `txn` if it waits (registered): a policy decided it should decide again now.
+    fn wake_txn(&self, txn: TxnId) {
+        // The registry reaches other groups' lock heads' entries.
+        let _all = self.enter_all();
+        if let Some(e) = self.waiting_entry(txn) {
+            e.unpark();
+        }
     }
 
     /// Searches the waits-for relation from `me`'s waiting entry through the lock lists and
@@ -1606,11 +1671,23 @@ impl LatchFreeLockTable {
             unsafe { &*entry.thread.get() }.as_ref().map(|t| t.id()) != Some(current().id());
         let start = Instant::now();
         let mut registered: Option<usize> = None;
+        let policy = self.deadlocks.policy();
+        // The shared decisions of no-wait, wait-die, wound-wait and Dreadlocks (`None` under
+        // the waits-for graph and the timeout policy).
+        let mut decider = (timeout.is_some() && self.deadlocks.decides())
+            .then(|| self.deadlocks.wait(txn, age_of(txn)));
+        let mut blockers: Vec<Blocker> = Vec::new();
         loop {
             // RAW: our WAITING state is published; read the others' states only after a fence.
             fence(SeqCst);
             let mut verdict = self.evaluate(h, e, txn, target, new, false);
             if let Verdict::Grant = verdict {
+                // A granted transaction waits for nobody: withdraw a published digest before
+                // the grant becomes visible, so nobody builds a false cycle through it. (If
+                // the grant backs off, the next decision publishes it again.)
+                if let Some(w) = decider.as_mut() {
+                    w.retire();
+                }
                 // Tentative grant, fence, re-check (Dekker): of two conflicting grants at
                 // least one sees the other's tentative mode and backs off.
                 entry.state.store(pack(target, target, TENTATIVE), SeqCst);
@@ -1649,18 +1726,40 @@ impl LatchFreeLockTable {
                 }),
                 Some(_) => None,
             };
-            let failure = failure.or_else(|| {
-                // At the first wait, after every wake-up, and every DEADLOCK_RECHECK.
-                if self.policy != DeadlockPolicy::WaitForGraph {
-                    return None;
+            let mut wake: SmallVec<[TxnId; 4]> = SmallVec::new();
+            let failure = match (failure, policy) {
+                (Some(f), _) => Some(f),
+                (None, DeadlockPolicy::Timeout) => None,
+                (None, DeadlockPolicy::WaitForGraph) => {
+                    // At the first wait, after every wake-up, and every DEADLOCK_RECHECK.
+                    if registered.is_none() {
+                        registered = self.register_waiter(txn, e);
+                        fence(SeqCst);
+                    }
+                    self.deadlock_victim(txn, entry)
+                        .map(|b| LockFailure::Deadlock { blocker: Some(b) })
                 }
-                if registered.is_none() {
-                    registered = self.register_waiter(txn, e);
-                    fence(SeqCst);
+                (None, _) => {
+                    // Registered so that a wounding or cycle-finding transaction can wake us.
+                    if registered.is_none() && self.deadlocks.wakes_waiters() {
+                        registered = self.register_waiter(txn, e);
+                        fence(SeqCst);
+                    }
+                    self.blocker_set(entry, &mut blockers);
+                    if blockers.is_empty() {
+                        // The blocker went away since `evaluate`: evaluate again.
+                        continue;
+                    }
+                    match decider.as_mut().map(|w| w.decide(&blockers)) {
+                        Some(Decision::Fail(f)) => Some(f),
+                        Some(Decision::Wait(w)) => {
+                            wake = w;
+                            None
+                        }
+                        None => None,
+                    }
                 }
-                self.deadlock_victim(txn, entry)
-                    .map(|b| LockFailure::Deadlock { blocker: Some(b) })
-            });
+            };
             if let Some(f) = failure {
                 if let Some(i) = registered {
                     self.waiting[i].store(ptr::null_mut(), SeqCst);
@@ -1674,10 +1773,11 @@ impl LatchFreeLockTable {
                 entry.state.store(done, SeqCst);
                 fence(SeqCst);
                 self.wake(&guard, h, e, bit(target));
+                drop(decider);
                 return Err(f);
             }
             let mut nap = timeout.unwrap_or_default().saturating_sub(start.elapsed());
-            if self.policy == DeadlockPolicy::WaitForGraph {
+            if policy == DeadlockPolicy::WaitForGraph {
                 nap = nap.min(DEADLOCK_RECHECK);
             }
             if foreign {
@@ -1687,7 +1787,13 @@ impl LatchFreeLockTable {
             // entry is never unlinked, a lock head with a live entry is never killed, hence
             // never unlinked or freed).
             drop(guard);
-            park_timeout(nap);
+            for t in wake {
+                self.wake_txn(t);
+            }
+            match decider.as_ref() {
+                Some(w) => w.nap(nap, yield_now, park_timeout),
+                None => park_timeout(nap),
+            }
             guard = self.pin(b);
         }
     }

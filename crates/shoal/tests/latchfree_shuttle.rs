@@ -1,10 +1,11 @@
-//! Model checking of the latch-free lock table with `shuttle`: the algorithm's source file
-//! (`src/lock/latchfree/table.rs`) is compiled here a second time against shuttle's atomics,
-//! fences and park/unpark (it reaches them only through `super::sync`), and shuttle's
-//! randomized scheduler explores thread interleavings of it (bounded: a fixed number of
-//! schedules per scenario, so it runs under plain `cargo test`). Shuttle treats every atomic
-//! access as `SeqCst` and `park_timeout` as `park` without a timeout: a lost wake-up shows up
-//! as a deadlock of the model, which shuttle reports as a failure.
+//! Model checking of the latch-free lock table with `shuttle`: the algorithm's source files
+//! (`src/lock/latchfree/table.rs` and the files it includes) are compiled here a second time
+//! against shuttle's atomics, fences and park/unpark (they reach them only through
+//! `super::sync`), and shuttle's randomized scheduler explores thread interleavings of them
+//! (bounded: a fixed number of schedules per scenario, so it runs under plain `cargo test`).
+//! Shuttle treats every atomic access as `SeqCst` and `park_timeout` as `park` without a
+//! timeout: a lost wake-up shows up as a deadlock of the model, which shuttle reports as a
+//! failure.
 //!
 //! Scenarios: acquire/release races on one lock (exclusive, and a conversion racing a new
 //! request), no lost wake-up (a waiter racing the releaser; and a withdrawn try_lock), and
@@ -15,7 +16,10 @@
 //! request: a waiter on a killed head would never be woken, which shuttle reports as a
 //! deadlock; mutual exclusion: a request appended to a dead head while a new head for the
 //! same id is granted shows up in the in-section counter), and reaching a reclaimed head trips
-//! its poison assertion; early-lock-release tags survive their head.
+//! its poison assertion; early-lock-release tags survive their head. Deadlocks: the
+//! waits-for search under reclamation in both bucket groups, and the shared no-wait,
+//! wait-die, wound-wait and Dreadlocks decisions resolving a 2-cycle (a victim that is never
+//! told, e.g. a wounded waiter nobody wakes, parks forever: a deadlock of the model).
 
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering::SeqCst};
 use std::sync::Arc;

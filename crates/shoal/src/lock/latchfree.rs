@@ -159,9 +159,12 @@
 //!
 //! # Model checking
 //!
-//! The algorithm lives in `latchfree/table.rs` and reaches atomics, fences and parking only
-//! through the `sync` module below, so `tests/latchfree_shuttle.rs` compiles the same file
-//! against `shuttle`'s primitives and explores thread interleavings of it.
+//! The algorithm lives in `latchfree/table.rs` (acquire, release, the grant rule) and the
+//! files it includes: `state.rs` (entries and lock heads), `lists.rs` (the hash table and
+//! lists), `reclaim.rs` (allocation and reclamation) and `search.rs` (deadlock handling). It
+//! reaches atomics, fences and parking only through the `sync` module below, so
+//! `tests/latchfree_shuttle.rs` compiles the same files against `shuttle`'s primitives and
+//! explores thread interleavings of them.
 
 #[path = "latchfree/table.rs"]
 mod table;

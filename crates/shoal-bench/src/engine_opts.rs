@@ -67,15 +67,17 @@ pub enum KeyModesArg {
     Sx,
 }
 
-/// `--victim`: which transaction of a deadlock is rolled back.
+/// `--victim`: which transaction of a Dreadlocks deadlock is rolled back. The other
+/// policies choose their own victim; the database refuses `kill-short` and `kill-long` with
+/// them rather than ignore the choice.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 #[allow(clippy::enum_variant_names)] // the names are the command-line values
 pub enum VictimArg {
     /// The younger transaction.
     KillYoung,
-    /// The transaction whose flush pipeline has completed fewer transactions.
+    /// The transaction whose thread has fewer pipelined commits waiting to become durable.
     KillShort,
-    /// The transaction whose flush pipeline has completed more transactions.
+    /// The transaction whose thread has more pipelined commits waiting to become durable.
     KillLong,
 }
 

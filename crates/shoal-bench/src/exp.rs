@@ -437,7 +437,7 @@ fn e5(quick: bool) -> Vec<Group> {
             "",
             &format!(
                 "tpcb --cc 2pl --log pipelined --log-latency 10ms --reverse-fraction 0.5 \
-                 --victim kill-short,kill-long,kill-young {a}"
+                 --deadlock dreadlocks-backoff --victim kill-short,kill-long,kill-young {a}"
             ),
         )],
     )]

@@ -202,7 +202,9 @@ struct BenchArgs {
     #[arg(long, value_enum, value_delimiter = ',', value_name = "LIST")]
     deadlock: Option<Vec<DeadlockArg>>,
 
-    /// Which transaction of a deadlock is rolled back (default `kill-young`).
+    /// Which transaction of a Dreadlocks deadlock is rolled back (default `kill-young`);
+    /// `kill-short` and `kill-long` need a `dreadlocks-*` policy (every lock table runs
+    /// every `--deadlock` policy; other victim choices are refused, not ignored).
     #[arg(long, value_enum, value_delimiter = ',', value_name = "LIST")]
     victim: Option<Vec<VictimArg>>,
 

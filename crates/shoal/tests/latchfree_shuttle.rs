@@ -1,10 +1,11 @@
-//! Model checking of the latch-free lock table with `shuttle`: the algorithm's source file
-//! (`src/lock/latchfree/table.rs`) is compiled here a second time against shuttle's atomics,
-//! fences and park/unpark (it reaches them only through `super::sync`), and shuttle's
-//! randomized scheduler explores thread interleavings of it (bounded: a fixed number of
-//! schedules per scenario, so it runs under plain `cargo test`). Shuttle treats every atomic
-//! access as `SeqCst` and `park_timeout` as `park` without a timeout: a lost wake-up shows up
-//! as a deadlock of the model, which shuttle reports as a failure.
+//! Model checking of the latch-free lock table with `shuttle`: the algorithm's source files
+//! (`src/lock/latchfree/table.rs` and the files it includes) are compiled here a second time
+//! against shuttle's atomics, fences and park/unpark (they reach them only through
+//! `super::sync`), and shuttle's randomized scheduler explores thread interleavings of them
+//! (bounded: a fixed number of schedules per scenario, so it runs under plain `cargo test`).
+//! Shuttle treats every atomic access as `SeqCst` and `park_timeout` as `park` without a
+//! timeout: a lost wake-up shows up as a deadlock of the model, which shuttle reports as a
+//! failure.
 //!
 //! Scenarios: acquire/release races on one lock (exclusive, and a conversion racing a new
 //! request), no lost wake-up (a waiter racing the releaser; and a withdrawn try_lock), and
@@ -15,14 +16,18 @@
 //! request: a waiter on a killed head would never be woken, which shuttle reports as a
 //! deadlock; mutual exclusion: a request appended to a dead head while a new head for the
 //! same id is granted shows up in the in-section counter), and reaching a reclaimed head trips
-//! its poison assertion; early-lock-release tags survive their head.
+//! its poison assertion; early-lock-release tags survive their head. Deadlocks: the
+//! waits-for search under reclamation in both bucket groups, and the shared no-wait,
+//! wait-die, wound-wait and Dreadlocks decisions resolving a 2-cycle (a victim that is never
+//! told, e.g. a wounded waiter nobody wakes, parks forever: a deadlock of the model).
 
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
 
 use shoal::lock::{
-    DeadlockPolicy, LockFailure, LockId, LockMode, LockTable, LockTableFootprint, TxnId,
+    deadlock, dread, DeadlockPolicy, LockFailure, LockId, LockMode, LockTable, LockTableFootprint,
+    TxnId, Victim,
 };
 
 /// The primitives `table.rs` uses, from shuttle. Parking is modelled without spurious
@@ -605,4 +610,53 @@ fn shuttle_group_gates_protect_deadlock_search() {
     };
     shuttle::check_random(scenario, ITERATIONS);
     shuttle::check_pct(scenario, ITERATIONS, 3);
+}
+
+#[test]
+fn shuttle_shared_policies_resolve_a_two_cycle() {
+    // Issue 15: the latch-free table runs the shared no-wait, wait-die, wound-wait and
+    // Dreadlocks decisions. Two transactions lock keys 1 and 2 in opposite orders; shuttle's
+    // parks have no timeout, so a policy whose victim is never told (a wound or a cycle that
+    // nobody wakes it to see) shows up as a deadlock of the model. Dreadlocks runs with plain
+    // sleeping here: under backoff a release marks a parked waiter's digest stale, and only
+    // its nap's end (which shuttle does not model) refreshes it.
+    for policy in [
+        DeadlockPolicy::NoWait,
+        DeadlockPolicy::WaitDie,
+        DeadlockPolicy::WoundWait,
+        DeadlockPolicy::Dreadlocks(shoal::lock::WaitStyle::Sleep),
+    ] {
+        let scenario = move || {
+            let t = grouped_table(policy);
+            let hs: Vec<_> = [(1u64, 1u8, 2u8), (2, 2, 1)]
+                .into_iter()
+                .map(|(txn, a, b)| {
+                    let t = t.clone();
+                    thread::spawn(move || {
+                        // The first request may fail too (the other transaction may hold
+                        // both keys by then, and a younger requester dies or gets no wait).
+                        let first = t.lock(txn, &key(a), X, LONG);
+                        let second = first.clone().and_then(|_| t.lock(txn, &key(b), X, LONG));
+                        assert!(
+                            matches!(second, Ok(X) | Err(LockFailure::Deadlock { .. })),
+                            "{policy:?}: {first:?} {second:?}"
+                        );
+                        t.unlock(txn, &key(a));
+                        t.unlock(txn, &key(b));
+                        second.is_ok()
+                    })
+                })
+                .collect();
+            let granted: Vec<bool> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+            if policy != DeadlockPolicy::NoWait {
+                // The older transaction (1) is never the victim of these policies.
+                assert!(granted[0], "{policy:?}: {granted:?}");
+            }
+            assert_eq!(t.queue_count(), 0);
+            t.reclaim();
+            assert_eq!(t.allocated_heads(), 0);
+        };
+        shuttle::check_random(scenario, ITERATIONS / 3);
+        shuttle::check_pct(scenario, ITERATIONS / 3, 3);
+    }
 }

@@ -129,6 +129,24 @@ fn check_limits(opts: &Options) -> Result<u64> {
     Ok(limit)
 }
 
+/// Checks that the lock table runs the deadlock handling the options name. Every lock table
+/// runs every [`DeadlockPolicy`](crate::lock::DeadlockPolicy) (the decisions are shared,
+/// `lock::deadlock`); a victim rule other than kill-young means something only to
+/// Dreadlocks, whose cycles have two sides to choose from. The waits-for graph aborts the
+/// transaction its search finds the cycle from, and the prevention policies name their own
+/// victim, so a kill-short or kill-long there would be silently ignored: refused instead.
+fn check_deadlock(opts: &Options) -> Result<()> {
+    use crate::lock::{DeadlockPolicy, Victim};
+    if opts.victim != Victim::KillYoung && !matches!(opts.deadlock, DeadlockPolicy::Dreadlocks(_)) {
+        return Err(Error::InvalidOptions(format!(
+            "victim {:?} applies to Dreadlocks only; deadlock policy {:?} chooses its own \
+             victim (use Victim::KillYoung, the default, with it)",
+            opts.victim, opts.deadlock
+        )));
+    }
+    Ok(())
+}
+
 /// Table ids a database can hold (ids are dense from 1).
 pub(crate) const MAX_TABLES: usize = TABLE_CHUNK * TABLE_CHUNKS;
 const TABLE_CHUNK: usize = 256;
@@ -271,9 +289,39 @@ impl Database {
     /// let db = shoal::Database::in_memory_with(shoal::Options::default());
     /// assert!(db.tables().is_empty());
     /// ```
+    ///
+    /// # Panics
+    ///
+    /// On options [`try_in_memory_with`](Self::try_in_memory_with) refuses (a victim rule
+    /// with a deadlock policy that does not use it).
     pub fn in_memory_with(opts: Options) -> Database {
+        match Self::try_in_memory_with(opts) {
+            Ok(db) => db,
+            Err(e) => panic!("Database::in_memory_with: {e}"),
+        }
+    }
+
+    /// A database that lives in memory only, with the given options; options that name a
+    /// technique the database would not run (a victim rule other than kill-young with a
+    /// deadlock policy other than Dreadlocks) are refused with [`Error::InvalidOptions`].
+    ///
+    /// ```
+    /// use shoal::{Database, DeadlockPolicy, Error, Options, Victim};
+    /// let o = Options { deadlock: DeadlockPolicy::NoWait, victim: Victim::KillShort, ..Options::default() };
+    /// assert!(matches!(Database::try_in_memory_with(o), Err(Error::InvalidOptions(_))));
+    /// ```
+    pub fn try_in_memory_with(opts: Options) -> Result<Database> {
+        check_deadlock(&opts)?;
         let id = NEXT_DB_ID.fetch_add(1, Ordering::Relaxed);
-        Self::build(opts, id, None, HashMap::new(), None, None, None)
+        Ok(Self::build(
+            opts,
+            id,
+            None,
+            HashMap::new(),
+            None,
+            None,
+            None,
+        ))
     }
 
     /// Opens (creating if needed) the database in directory `dir`, which it locks against
@@ -290,7 +338,8 @@ impl Database {
     /// The log may live elsewhere ([`Options::log_dir`]); that directory is locked too and is
     /// marked as this database's (a `SHOAL-ID` file in both), so two databases can never share
     /// one log. Options whose limits the log cannot hold are refused with
-    /// [`Error::InvalidOptions`].
+    /// [`Error::InvalidOptions`], and so is a victim rule other than kill-young with a
+    /// deadlock policy other than Dreadlocks (the others choose their own victim).
     ///
     /// ```
     /// # fn main() -> shoal::Result<()> {
@@ -315,6 +364,7 @@ impl Database {
 
     /// [`open`](Self::open) on the file system `vfs`.
     pub(crate) fn open_on(vfs: Arc<dyn Vfs>, dir: &Path, opts: Options) -> Result<Database> {
+        check_deadlock(&opts)?;
         vfs.create_dir_all(dir).map_err(on("create-dir", dir))?;
         let mut locks = vec![vfs.lock_dir(dir).map_err(on("lock", dir))?];
         let log_dir = opts.log_dir.clone().unwrap_or_else(|| dir.to_path_buf());
@@ -390,7 +440,9 @@ impl Database {
             LockTableKind::Latched => {
                 Arc::new(SimpleLockTable::with_shards(opts.deadlock, 1).with_victim(opts.victim))
             }
-            LockTableKind::LatchFree => Arc::new(LatchFreeLockTable::new(opts.deadlock)),
+            LockTableKind::LatchFree => {
+                Arc::new(LatchFreeLockTable::new(opts.deadlock).with_victim(opts.victim))
+            }
         };
         let log_mode = if log.is_some() {
             opts.log

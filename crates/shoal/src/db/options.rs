@@ -150,9 +150,12 @@ pub struct Options {
     /// Which key-range lock modes 2PL uses. Default: Graefe's (the most concurrent); the
     /// others exist to measure the difference.
     pub key_range_modes: crate::lock::KeyRangeModes,
-    /// Deadlock handling of the lock table. Default: waits-for graph check on blocking.
+    /// Deadlock handling of the lock table (every [`LockTableKind`] runs every policy).
+    /// Default: waits-for graph check on blocking.
     pub deadlock: DeadlockPolicy,
-    /// Which transaction of a deadlock Dreadlocks rolls back. Default: the younger.
+    /// Which transaction of a deadlock Dreadlocks rolls back. Default: the younger. Other
+    /// policies choose their own victim; opening with another rule and a policy other than
+    /// Dreadlocks fails with [`Error::InvalidOptions`](crate::Error::InvalidOptions).
     pub victim: Victim,
     /// Longest wait for one lock before the transaction fails with
     /// [`Error::LockTimeout`]. Default: 2 s.

@@ -51,6 +51,24 @@
 //!
 //! # Deadlocks (§3.3)
 //!
+//! Every [`DeadlockPolicy`] runs here as on the other tables. The decisions that do not
+//! depend on the table's structure (no-wait, wait-die and wound-wait by age, Dreadlocks'
+//! digests, waiting styles and victim rule) are the shared ones of
+//! [`deadlock`]; this table supplies *who blocks me* (the live entries ahead
+//! of or granted beside the waiting one that conflict with it, the same rule as granting,
+//! with the age and flush-pipeline length each entry recorded when it was appended) and the
+//! waiting. A blocked request re-decides after every wake-up and at least every
+//! [`DECIDE_EVERY`](super::deadlock::DECIDE_EVERY). Waiters that another transaction may have
+//! to wake (wound-wait's wounded, a Dreadlocks victim whose cycle another waiter found)
+//! register their entry in the waiting registry below, through which they are unparked.
+//! Dreadlocks digests and wound marks are per-transaction state kept by
+//! [`dread`], a sharded map under mutexes: a request that does not wait never
+//! touches it, but a Dreadlocks waiter does, and under Dreadlocks with backoff a release
+//! that passes waiters marks their digests stale through it (*limit:* that policy's wait and
+//! wake paths are not latch-free; the grant and release paths of requests without waiters
+//! are, under every policy). A waiter withdraws its digest before its grant becomes visible,
+//! so nobody builds a false cycle through a transaction that no longer waits.
+//!
 //! Under [`DeadlockPolicy::WaitForGraph`] a blocked transaction walks the waits-for relation
 //! itself, without any latch, at its first wait and every [`DEADLOCK_RECHECK`]: its blockers
 //! are read off its lock's list (the same rule as granting), and what a blocker waits for is
@@ -141,9 +159,12 @@
 //!
 //! # Model checking
 //!
-//! The algorithm lives in `latchfree/table.rs` and reaches atomics, fences and parking only
-//! through the `sync` module below, so `tests/latchfree_shuttle.rs` compiles the same file
-//! against `shuttle`'s primitives and explores thread interleavings of it.
+//! The algorithm lives in `latchfree/table.rs` (acquire, release, the grant rule) and the
+//! files it includes: `state.rs` (entries and lock heads), `lists.rs` (the hash table and
+//! lists), `reclaim.rs` (allocation and reclamation) and `search.rs` (deadlock handling). It
+//! reaches atomics, fences and parking only through the `sync` module below, so
+//! `tests/latchfree_shuttle.rs` compiles the same files against `shuttle`'s primitives and
+//! explores thread interleavings of them.
 
 #[path = "latchfree/table.rs"]
 mod table;
@@ -156,7 +177,10 @@ mod sync {
     pub(super) use std::thread::{current, park_timeout, yield_now, Thread};
 }
 
-use super::{DeadlockPolicy, LockFailure, LockId, LockMode, LockTable, LockTableFootprint, TxnId};
+use super::{deadlock, dread};
+use super::{
+    DeadlockPolicy, LockFailure, LockId, LockMode, LockTable, LockTableFootprint, TxnId, Victim,
+};
 
 pub use table::{
     LatchFreeLockTable, Params, ALLOC_BATCH, BUCKETS, DEADLOCK_RECHECK, FREE_CAP, GROUP_BUCKETS,

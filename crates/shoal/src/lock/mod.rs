@@ -6,10 +6,13 @@
 //! A key-range lock on key `k` covers `k` and the open gap up to the next key in the index
 //! (prior-key locking, Kimura §2.2).
 //!
-//! This table is [`simple::SimpleLockTable`]: a sharded hash table with one mutex per
-//! shard and a FIFO queue per lock. The scalable latch-free table replaces it behind the same
-//! trait.
+//! The tables: [`simple::SimpleLockTable`], a sharded hash table with one mutex per shard and a
+//! FIFO queue per lock (one shard: the single-latch baseline), and
+//! [`latchfree::LatchFreeLockTable`] (Jung et al. 2013). Both run every [`DeadlockPolicy`]:
+//! the policies' decisions and victim rules are shared ([`deadlock`]), each table supplies
+//! who blocks a waiting request and the waiting.
 
+pub mod deadlock;
 pub mod dread;
 pub mod intent;
 pub mod latchfree;
@@ -84,7 +87,11 @@ pub enum DeadlockPolicy {
     Dreadlocks(WaitStyle),
 }
 
-/// Which transaction of a deadlock Dreadlocks rolls back (Kimura et al. 2012 §4.3).
+/// Which transaction of a deadlock Dreadlocks rolls back (Kimura et al. 2012 §4.3). The other
+/// policies choose their own victim (the waits-for graph: the transaction whose search finds
+/// the cycle on the sharded table, the youngest on it on the latch-free one; the prevention
+/// policies: the requester, or for wound-wait the wounded younger transaction), so a
+/// [`Database`](crate::Database) refuses another rule than the default with them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Victim {
     /// The younger transaction (larger id): the least work lost, no starvation.

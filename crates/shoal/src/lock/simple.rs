@@ -29,14 +29,18 @@
 //!   [`DEADLOCK_RECHECK`]; on a cycle it withdraws at once and fails with
 //!   [`LockFailure::Deadlock`]. Search and withdrawal happen under one graph-mutex hold, so a
 //!   cycle yields exactly one victim. With [`DeadlockPolicy::Timeout`] a request simply waits
-//!   until its timeout. Either way a timed-out request withdraws (a conversion falls back to its
-//!   granted mode) and fails with [`LockFailure::Timeout`].
+//!   until its timeout. No-wait, wait-die, wound-wait and Dreadlocks are decided by the code
+//!   every lock table shares ([`Deadlocks`]); this table reads the blockers off the queue under
+//!   the shard mutex and naps with the mutex released. Every way, a timed-out request
+//!   withdraws (a conversion falls back to its granted mode) and fails with
+//!   [`LockFailure::Timeout`].
 //!
 //! Mutex order: shard mutex, then the graph mutex; no code path takes a shard mutex while
 //! holding the graph mutex or a second shard mutex.
 //!
-//! The scalable latch-free lock table of Jung et al. 2013 replaces this table later behind the
-//! same [`LockTable`] trait.
+//! The scalable latch-free lock table of Jung et al. 2013
+//! ([`LatchFreeLockTable`](super::latchfree::LatchFreeLockTable)) implements the same
+//! [`LockTable`] trait and the same deadlock policies.
 //!
 //! Precondition: a transaction issues at most one lock call at a time (one thread per
 //! transaction); a transaction never has more than one request per lock.
@@ -54,8 +58,9 @@ use parking_lot::{Mutex, MutexGuard};
 use rustc_hash::{FxBuildHasher, FxHashMap, FxHashSet};
 use smallvec::SmallVec;
 
-use super::dread::{age_of, pipeline_len, txn_fingerprint, Digest, DreadState};
-use super::{DeadlockPolicy, LockFailure, LockId, LockMode, LockTable, TxnId, Victim, WaitStyle};
+use super::deadlock::{Blocker, Deadlocks, Decision};
+use super::dread::{age_of, pipeline_len};
+use super::{DeadlockPolicy, LockFailure, LockId, LockMode, LockTable, TxnId, Victim};
 
 const SHARD_BITS: u32 = 9;
 
@@ -88,8 +93,6 @@ struct Request {
     in_graph: bool,
     /// The waiting thread, unparked when the request is granted.
     thread: Option<Thread>,
-    /// Dreadlocks fingerprint of the requesting transaction.
-    fp: u32,
     /// The transaction's age, the timestamp of wait-die and wound-wait (see `dread::set_age`).
     age: TxnId,
     /// The requesting thread's flush-pipeline length when it asked (victim policies).
@@ -105,7 +108,6 @@ impl Request {
             waiting: false,
             in_graph: false,
             thread: None,
-            fp: txn_fingerprint(txn),
             age: age_of(txn),
             pipe: pipeline_len().min(u32::MAX as u64) as u32,
         }
@@ -285,8 +287,8 @@ impl Shard {
 pub struct SimpleLockTable {
     shards: Box<[CachePadded<Mutex<Shard>>]>,
     shard_bits: u32,
-    dread: DreadState,
-    victim: Victim,
+    /// No-wait, wait-die, wound-wait and Dreadlocks (the waits-for graph is this table's).
+    deadlocks: Deadlocks,
     policy: DeadlockPolicy,
     graph: Mutex<Graph>,
 }
@@ -326,8 +328,7 @@ impl SimpleLockTable {
                 .map(|_| CachePadded::new(Mutex::new(Shard::default())))
                 .collect(),
             shard_bits: n.trailing_zeros(),
-            dread: DreadState::new(),
-            victim: Victim::KillYoung,
+            deadlocks: Deadlocks::new(policy, Victim::KillYoung),
             policy,
             graph: Mutex::new(Graph::default()),
         }
@@ -343,13 +344,13 @@ impl SimpleLockTable {
     /// assert_eq!(t.victim(), Victim::KillShort);
     /// ```
     pub fn with_victim(mut self, victim: Victim) -> Self {
-        self.victim = victim;
+        self.deadlocks = Deadlocks::new(self.policy, victim);
         self
     }
 
     /// The victim policy.
     pub fn victim(&self) -> Victim {
-        self.victim
+        self.deadlocks.victim()
     }
 
     /// The deadlock policy the table was created with.
@@ -412,16 +413,10 @@ impl SimpleLockTable {
         if self.uses_graph() {
             q.sync_graph(graph.get_or_insert_with(|| self.graph.lock()));
         }
-        if let DeadlockPolicy::Dreadlocks(style) = self.policy {
-            // A request granted just now may still have the digest it published while it
-            // waited; it no longer waits for anyone, so nobody may use that digest.
-            // Backoff at release (Kimura §4.2): the waiters' digests may name a dependency
-            // that just went away; others ignore them until their owners refresh. (Spinners
-            // get the marks too: their refresh is quick, but not instant, and a thread that
-            // released a lock may ask for it again in between.)
-            let backoff = style != WaitStyle::Sleep;
-            for r in q.reqs.iter().filter(|r| backoff || !r.waiting) {
-                self.dread.mark_stale(r.txn);
+        if matches!(self.policy, DeadlockPolicy::Dreadlocks(_)) {
+            // Backoff at release (Kimura §4.2), see `Deadlocks::lock_changed`.
+            for r in &q.reqs {
+                self.deadlocks.lock_changed(r.txn, r.waiting);
             }
         }
     }
@@ -538,7 +533,6 @@ impl SimpleLockTable {
                     waiting: true,
                     in_graph: false,
                     thread: Some(thread::current()),
-                    fp: txn_fingerprint(txn),
                     age: age_of(txn),
                     pipe: pipeline_len().min(u32::MAX as u64) as u32,
                 });
@@ -634,7 +628,9 @@ impl SimpleLockTable {
 }
 
 impl SimpleLockTable {
-    /// The waiting loop of `NoWait`, `WaitDie`, `WoundWait` and `Dreadlocks`.
+    /// The waiting loop of `NoWait`, `WaitDie`, `WoundWait` and `Dreadlocks`: the decisions
+    /// are the shared ones of [`Deadlocks`]; this table supplies the blockers (read under the
+    /// shard mutex) and the waiting.
     fn wait_prevent_or_dreadlocks(
         &self,
         mut shard: MutexGuard<'_, Shard>,
@@ -643,8 +639,8 @@ impl SimpleLockTable {
         timeout: Duration,
     ) -> Result<LockMode, LockFailure> {
         let start = Instant::now();
-        let me = Digest::of_fingerprint(txn_fingerprint(txn));
-        let dreadlocks = matches!(self.policy, DeadlockPolicy::Dreadlocks(_));
+        let mut wait = None;
+        let mut blockers: Vec<Blocker> = Vec::new();
         let result = loop {
             let sh = &mut *shard;
             let Some(p) = sh.map.get_mut(id).and_then(|q| q.position(txn)) else {
@@ -654,135 +650,60 @@ impl SimpleLockTable {
             if !q.reqs[p].waiting {
                 break Ok(q.reqs[p].granted);
             }
-            let my_age = q.reqs[p].age;
-            // (transaction, fingerprint, pipeline length, age) of every blocker.
-            let blockers: Vec<(TxnId, u32, u32, TxnId)> = {
+            let wait = wait.get_or_insert_with(|| self.deadlocks.wait(txn, q.reqs[p].age));
+            blockers.clear();
+            {
                 let m = q.reqs[p].requested;
                 let new = q.reqs[p].granted == LockMode::N;
-                q.reqs
-                    .iter()
-                    .enumerate()
-                    .filter(|&(j, o)| {
-                        j != p
-                            && (!o.granted.compatible(m)
-                                || (new && j < p && o.waiting && !o.requested.compatible(m)))
-                    })
-                    .map(|(_, o)| (o.txn, o.fp, o.pipe, o.age))
-                    .collect()
-            };
-            let first_blocker = blockers.first().map(|b| b.0);
+                blockers.extend(
+                    q.reqs
+                        .iter()
+                        .enumerate()
+                        .filter(|&(j, o)| {
+                            j != p
+                                && (!o.granted.compatible(m)
+                                    || (new && j < p && o.waiting && !o.requested.compatible(m)))
+                        })
+                        .map(|(_, o)| Blocker {
+                            txn: o.txn,
+                            age: o.age,
+                            pipe: o.pipe,
+                        }),
+                );
+            }
             let waited = start.elapsed();
             // Decide: give up (victim), or wait.
-            let victim = if waited >= timeout {
-                Some(LockFailure::Timeout {
-                    blocker: first_blocker,
+            let decision = if waited >= timeout {
+                Decision::Fail(LockFailure::Timeout {
+                    blocker: blockers.first().map(|b| b.txn),
                     waited,
                 })
             } else {
-                match self.policy {
-                    DeadlockPolicy::NoWait => Some(LockFailure::Deadlock {
-                        blocker: first_blocker,
-                    }),
-                    // Ages, not ids: a restarted transaction keeps its first attempt's age.
-                    DeadlockPolicy::WaitDie => blockers
-                        .iter()
-                        .find(|&&(_, _, _, age)| age < my_age)
-                        .map(|&(b, ..)| LockFailure::Deadlock { blocker: Some(b) }),
-                    DeadlockPolicy::WoundWait => {
-                        if self.dread.take_wound(txn) {
-                            Some(LockFailure::Deadlock { blocker: None })
-                        } else {
-                            for &(b, ..) in blockers.iter().filter(|&&(.., age)| age > my_age) {
-                                self.dread.wound(b);
-                            }
-                            None
-                        }
-                    }
-                    DeadlockPolicy::Dreadlocks(_) => {
-                        // Algorithm 5: union the blockers' digests; my fingerprint in a
-                        // blocker's digest closes a cycle; the victim policy says whether I
-                        // roll back (else the other side will).
-                        let mut digest = me;
-                        let mut found = None;
-                        let mut nudge: Vec<TxnId> = Vec::new();
-                        let mine = pipeline_len();
-                        for &(b, fp, pipe, theirs_age) in &blockers {
-                            let d = self.dread.digest_of(b, fp);
-                            if d.contains(&me) {
-                                let theirs = u64::from(pipe);
-                                let younger = my_age > theirs_age;
-                                let me_victim = match self.victim {
-                                    Victim::KillYoung => younger,
-                                    Victim::KillShort => {
-                                        mine < theirs || (mine == theirs && younger)
-                                    }
-                                    Victim::KillLong => {
-                                        mine > theirs || (mine == theirs && younger)
-                                    }
-                                };
-                                if me_victim {
-                                    found = Some(b);
-                                    break;
-                                }
-                                // The other side is the victim: wake it to see the cycle
-                                // now rather than at the end of its nap.
-                                if !matches!(
-                                    self.policy,
-                                    DeadlockPolicy::Dreadlocks(WaitStyle::Spin)
-                                ) {
-                                    nudge.push(b);
-                                }
-                            }
-                            digest.union(&d);
-                        }
-                        match found {
-                            Some(b) => Some(LockFailure::Deadlock { blocker: Some(b) }),
-                            None => {
-                                self.dread.publish(txn, digest);
-                                for b in nudge {
-                                    self.dread.nudge(b);
-                                }
-                                None
-                            }
-                        }
-                    }
-                    DeadlockPolicy::WaitForGraph | DeadlockPolicy::Timeout => None,
-                }
+                wait.decide(&blockers)
             };
-            if let Some(f) = victim {
-                let (mut graph, mut wake) = (None, Wakeups::default());
-                self.withdraw(sh, id, p, &mut graph, &mut wake);
-                drop(graph);
-                if dreadlocks {
-                    self.dread.retire(txn);
+            match decision {
+                Decision::Fail(f) => {
+                    let (mut graph, mut wake) = (None, Wakeups::default());
+                    self.withdraw(sh, id, p, &mut graph, &mut wake);
+                    drop(graph);
+                    wait.retire();
+                    drop(shard);
+                    wake.unpark_all();
+                    return Err(f);
                 }
-                drop(shard);
-                wake.unpark_all();
-                return Err(f);
+                Decision::Wait(nudge) => {
+                    for b in nudge {
+                        self.deadlocks.nudge(b);
+                    }
+                }
             }
-            let nap = (timeout - waited).min(Duration::from_millis(1));
-            match self.policy {
-                DeadlockPolicy::Dreadlocks(WaitStyle::Spin) => {
-                    MutexGuard::unlocked(&mut shard, thread::yield_now)
-                }
-                // Decided outside the shard latch: the decision may read /proc.
-                DeadlockPolicy::Dreadlocks(WaitStyle::Hybrid) => {
-                    MutexGuard::unlocked(&mut shard, || {
-                        if self.dread.try_spin() {
-                            thread::yield_now();
-                            self.dread.end_spin();
-                        } else {
-                            thread::park_timeout(nap);
-                        }
-                    })
-                }
-                _ => MutexGuard::unlocked(&mut shard, || thread::park_timeout(nap)),
-            }
+            // Outside the shard latch: the hybrid style may read /proc.
+            MutexGuard::unlocked(&mut shard, || {
+                wait.nap(timeout - waited, thread::yield_now, thread::park_timeout)
+            });
         };
         drop(shard);
-        if dreadlocks {
-            self.dread.retire(txn);
-        }
+        drop(wait);
         result
     }
 }

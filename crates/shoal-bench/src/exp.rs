@@ -1006,7 +1006,7 @@ mod tests {
     fn record(args: &str, tps: u64, intervals: Vec<Sample>) -> Record {
         let b = parse_bench(&super::args(args)).unwrap();
         let cfg = harness::plan(&b.sweep()).unwrap().runs.remove(0).0;
-        let stats = harness::RunStats {
+        let stats = crate::driver::RunStats {
             committed: tps,
             total_committed: tps,
             aborts: [1, 0, 0],

@@ -11,6 +11,7 @@
 //! ```
 
 mod dist;
+mod driver;
 mod engine_opts;
 mod engines;
 mod exp;

@@ -10,7 +10,8 @@ use anyhow::Context;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use crate::harness::{Params, RunResult, TypeStats};
+use crate::driver::TypeStats;
+use crate::harness::{Params, RunResult};
 use crate::sweep::{json_name, Sweep, Value};
 
 /// Latency percentiles of committed transactions, retries included, in microseconds.
@@ -508,7 +509,8 @@ mod tests {
         assert!(last[0].starts_with("100"), "{text}");
         assert!(text.contains("Total count    =         1000"), "{text}");
     }
-    use crate::harness::{plan, RunStats};
+    use crate::driver::RunStats;
+    use crate::harness::plan;
     use crate::sweep::Axis;
     use crate::workloads::WorkloadKind;
     use std::time::Duration;

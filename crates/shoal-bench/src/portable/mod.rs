@@ -25,7 +25,7 @@ use crate::dist::KeyDist;
 use crate::driver::{self, Adapter, Attempt, RunStats, WorkerLoop};
 use crate::engines::{Durability, EngineKind, KvEngine, KvSession, KvTx, TxError, TxResult};
 use crate::harness::Log;
-use crate::report::Latency;
+use crate::report::{self, Latency};
 use crate::workloads::WorkloadKind;
 
 /// The options of `shoal bench` that only the portable path reads.
@@ -196,8 +196,7 @@ pub fn run(p: &PortableParams) -> anyhow::Result<()> {
         print!("{}", render_table(p, &records));
     }
     if let Some(path) = &p.json {
-        let text = serde_json::to_string_pretty(&records)?;
-        std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))?;
+        report::write_json(path, &records)?;
         eprintln!("wrote {} records to {}", records.len(), path.display());
     }
     if let Some(e) = failure {
@@ -428,15 +427,11 @@ fn run_group<W: PortableWorkload>(
             warmup_s: p.warmup.as_secs_f64(),
             measured_s: (secs * 1000.0).round() / 1000.0,
             committed: m.committed,
-            aborted: m.aborts.iter().sum(),
+            aborted: m.aborted(),
             aborted_deadlock: m.aborts[0],
             aborted_lock_timeout: m.aborts[1],
             aborted_conflict: m.aborts[2],
-            throughput: if secs > 0.0 {
-                (m.committed as f64 / secs * 10.0).round() / 10.0
-            } else {
-                0.0
-            },
+            throughput: (m.throughput() * 10.0).round() / 10.0,
             vs_shoal_2pl: None,
             latency_us: Latency::from_ns(&m.latency_ns),
             check,
@@ -629,30 +624,8 @@ pub fn render_table(p: &PortableParams, records: &[PortableRecord]) -> String {
             },
         ]);
     }
-    let widths: Vec<usize> = (0..head.len())
-        .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
-        .collect();
-    for (i, row) in rows.iter().enumerate() {
-        let cells: Vec<String> = row
-            .iter()
-            .zip(&widths)
-            .enumerate()
-            .map(|(c, (v, w))| {
-                if c < 3 {
-                    format!("{v:<w$}")
-                } else {
-                    format!("{v:>w$}")
-                }
-            })
-            .collect();
-        s.push_str(cells.join("  ").trim_end());
-        s.push('\n');
-        if i == 0 {
-            let total: usize = widths.iter().sum::<usize>() + 2 * (widths.len() - 1);
-            s.push_str(&"-".repeat(total));
-            s.push('\n');
-        }
-    }
+    // Engine, log and options left-aligned, the figures right-aligned.
+    report::push_aligned(&mut s, &rows, 3);
     s.push_str("vs 2pl: throughput / shoal-2pl's with the same options; dl/to/cf: aborts by deadlock / lock timeout (SQLite: busy) / conflict\n");
     s
 }
@@ -711,6 +684,12 @@ mod tests {
             table.contains("shoal-occ") && table.contains("vs 2pl"),
             "{table}"
         );
+        // Engine, log and options left-aligned under a rule as wide as the header.
+        let lines: Vec<&str> = table.lines().collect();
+        assert!(lines[1].starts_with("engine     log   options"), "{table}");
+        assert_eq!(lines[2].chars().count(), lines[1].chars().count(), "{table}");
+        assert!(lines[2].chars().all(|c| c == '-'), "{table}");
+        assert!(lines[3].starts_with("shoal-2pl  none  hot_fraction=0.5"), "{table}");
     }
 
     #[test]

@@ -10,8 +10,9 @@ use anyhow::Context;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
+use crate::config::Params;
 use crate::driver::TypeStats;
-use crate::harness::{Params, RunResult};
+use crate::harness::RunResult;
 use crate::sweep::{json_name, Sweep, Value};
 
 /// Latency percentiles of committed transactions, retries included, in microseconds.

@@ -21,10 +21,10 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context};
 use serde::Serialize;
 
+use crate::config::Log;
 use crate::dist::KeyDist;
 use crate::driver::{self, Adapter, Attempt, RunStats, WorkerLoop};
 use crate::engines::{Durability, EngineKind, KvEngine, KvSession, KvTx, TxError, TxResult};
-use crate::harness::Log;
 use crate::report::{self, Latency};
 use crate::workloads::WorkloadKind;
 
@@ -687,9 +687,16 @@ mod tests {
         // Engine, log and options left-aligned under a rule as wide as the header.
         let lines: Vec<&str> = table.lines().collect();
         assert!(lines[1].starts_with("engine     log   options"), "{table}");
-        assert_eq!(lines[2].chars().count(), lines[1].chars().count(), "{table}");
+        assert_eq!(
+            lines[2].chars().count(),
+            lines[1].chars().count(),
+            "{table}"
+        );
         assert!(lines[2].chars().all(|c| c == '-'), "{table}");
-        assert!(lines[3].starts_with("shoal-2pl  none  hot_fraction=0.5"), "{table}");
+        assert!(
+            lines[3].starts_with("shoal-2pl  none  hot_fraction=0.5"),
+            "{table}"
+        );
     }
 
     #[test]

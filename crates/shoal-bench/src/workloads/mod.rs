@@ -18,7 +18,7 @@ pub mod ycsb;
 
 use shoal::{Database, Transaction};
 
-use crate::harness::RunConfig;
+use crate::config::RunConfig;
 
 /// Which workload `shoal bench` runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]

@@ -37,8 +37,8 @@ use rand::{Rng, SeedableRng};
 use shoal::{Database, Table, Transaction};
 
 use super::{parallel_load, Ledger, Workload};
+use crate::config::RunConfig;
 use crate::dist::{KeyDist, Sampler};
-use crate::harness::RunConfig;
 
 /// Tellers per branch.
 pub const TELLERS_PER_BRANCH: u64 = 10;

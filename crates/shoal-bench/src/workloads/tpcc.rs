@@ -64,7 +64,7 @@ use rand::{Rng, SeedableRng};
 use shoal::{Database, Table, Transaction};
 
 use super::{Ledger, Workload};
-use crate::harness::RunConfig;
+use crate::config::RunConfig;
 
 /// Which transactions a run draws.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]

@@ -41,8 +41,8 @@ use rand::{Rng, SeedableRng};
 use shoal::{Database, Table, Transaction};
 
 use super::{Ledger, Workload};
+use crate::config::RunConfig;
 use crate::dist::{KeyDist, Sampler};
-use crate::harness::RunConfig;
 
 /// Fields per record.
 pub const FIELDS: usize = 10;

@@ -9,6 +9,7 @@ pub mod keyrange;
 pub mod like;
 #[cfg_attr(not(test), allow(dead_code))]
 pub mod lockexp;
+pub mod ops;
 pub mod rubis;
 pub mod tellers;
 pub mod tpcb;

@@ -293,7 +293,11 @@ fn sweep(p: &PortableParams, records: &mut Vec<PortableRecord>) -> anyhow::Resul
     let mixes = match (&p.mixes, p.workload) {
         (Some(m), WorkloadKind::Ycsb) => {
             for x in m {
-                if ycsb::Mix::parse(x).is_none() {
+                use crate::workloads::ycsb::Mix;
+                if !matches!(
+                    Mix::parse(x.trim()),
+                    Some(Mix::A | Mix::B | Mix::C | Mix::F)
+                ) {
                     bail!("--mix {x}: the portable YCSB runs mixes a, b, c and f");
                 }
             }

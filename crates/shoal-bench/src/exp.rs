@@ -181,6 +181,21 @@ fn group(title: &str, x: &'static str, metrics: &[Metric], log_y: bool, runs: Ve
     }
 }
 
+/// A panel of one throughput sweep with the `shoal bench` arguments `a` (the Doppel
+/// experiments' shape).
+fn throughput(title: &str, x: &'static str, log_y: bool, a: &str) -> Group {
+    group(title, x, &[Metric::Throughput], log_y, vec![sweep("", a)])
+}
+
+/// `quick`'s value list or the full one.
+fn values(quick: bool, quick_values: &'static str, full: &'static str) -> &'static str {
+    if quick {
+        quick_values
+    } else {
+        full
+    }
+}
+
 /// Duration and warm-up arguments.
 fn window(quick: bool) -> &'static str {
     if quick {
@@ -202,25 +217,15 @@ fn doppel_window(quick: bool) -> &'static str {
 
 fn e9(quick: bool) -> Vec<Group> {
     let w = doppel_window(quick);
-    let hot = if quick {
-        "0,0.5,1"
-    } else {
-        "0,0.1,0.2,0.4,0.6,0.8,1"
-    };
+    let hot = values(quick, "0,0.5,1", "0,0.1,0.2,0.4,0.6,0.8,1");
     ["2", "16"]
         .iter()
         .map(|t| {
-            group(
+            throughput(
                 &format!("INCR1, {t} threads"),
                 "hot_fraction",
-                &[Metric::Throughput],
                 true,
-                vec![sweep(
-                    "",
-                    &format!(
-                        "incr1 --cc 2pl,occ,doppel,atomic --hot-fraction {hot} --threads {t} {w}"
-                    ),
-                )],
+                &format!("incr1 --cc 2pl,occ,doppel,atomic --hot-fraction {hot} --threads {t} {w}"),
             )
         })
         .collect()
@@ -262,70 +267,39 @@ fn e10(quick: bool) -> Vec<Group> {
 
 fn e11(quick: bool) -> Vec<Group> {
     let w = doppel_window(quick);
-    let alpha = if quick {
-        "0,0.8,1.4,2"
-    } else {
-        "0,0.4,0.8,1,1.2,1.4,1.6,1.8,2"
-    };
-    vec![group(
-        "INCRZ, 2 threads",
-        "alpha",
-        &[Metric::Throughput],
-        true,
-        vec![sweep(
-            "",
-            &format!("incrz --cc 2pl,occ,doppel,atomic --alpha {alpha} --threads 2 {w}"),
-        )],
-    )]
+    let alpha = values(quick, "0,0.8,1.4,2", "0,0.4,0.8,1,1.2,1.4,1.6,1.8,2");
+    let a = format!("incrz --cc 2pl,occ,doppel,atomic --alpha {alpha} --threads 2 {w}");
+    vec![throughput("INCRZ, 2 threads", "alpha", true, &a)]
 }
 
 fn e12(quick: bool) -> Vec<Group> {
     let w = doppel_window(quick);
-    let wf = if quick {
-        "0.1,0.5,1"
-    } else {
-        "0,0.1,0.2,0.3,0.5,0.7,0.9,1"
-    };
-    vec![group(
+    let wf = values(quick, "0.1,0.5,1", "0,0.1,0.2,0.3,0.5,0.7,0.9,1");
+    let a = format!("like --cc 2pl,occ,doppel --alpha 1.4 --write-fraction {wf} --threads 2 {w}");
+    vec![throughput(
         "LIKE, alpha 1.4, 2 threads",
         "write_fraction",
-        &[Metric::Throughput],
         false,
-        vec![sweep(
-            "",
-            &format!("like --cc 2pl,occ,doppel --alpha 1.4 --write-fraction {wf} --threads 2 {w}"),
-        )],
+        &a,
     )]
 }
 
 fn e13(quick: bool) -> Vec<Group> {
     let w = doppel_window(quick);
-    let ms = if quick {
-        "1,5,20"
-    } else {
-        "1,2,5,10,20,50,100"
-    };
-    vec![group(
+    let ms = values(quick, "1,5,20", "1,2,5,10,20,50,100");
+    let a =
+        format!("like --cc doppel --alpha 1.4 --write-fraction 1 --phase-ms {ms} --threads 2 {w}");
+    vec![throughput(
         "LIKE, alpha 1.4, 100% writes, 2 threads",
         "phase_ms",
-        &[Metric::Throughput],
         false,
-        vec![sweep(
-            "",
-            &format!(
-                "like --cc doppel --alpha 1.4 --write-fraction 1 --phase-ms {ms} --threads 2 {w}"
-            ),
-        )],
+        &a,
     )]
 }
 
 fn e14(quick: bool) -> Vec<Group> {
     let w = doppel_window(quick);
-    let alpha = if quick {
-        "0,1,1.8"
-    } else {
-        "0,0.5,1,1.4,1.8,2"
-    };
+    let alpha = values(quick, "0,1,1.8", "0,0.5,1,1.4,1.8,2");
     vec![group(
         "RUBiS, 2 threads",
         "alpha",
@@ -1006,7 +980,7 @@ mod tests {
     fn record(args: &str, tps: u64, intervals: Vec<Sample>) -> Record {
         let b = parse_bench(&super::args(args)).unwrap();
         let cfg = harness::plan(&b.sweep()).unwrap().runs.remove(0).0;
-        let stats = harness::RunStats {
+        let stats = crate::driver::RunStats {
             committed: tps,
             total_committed: tps,
             aborts: [1, 0, 0],

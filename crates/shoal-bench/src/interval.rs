@@ -12,7 +12,7 @@
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -20,6 +20,7 @@ use anyhow::Context;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
+use crate::driver::{new_hist, Padded};
 use crate::sweep::Point;
 
 /// The command-line options of per-interval reporting (flattened into `shoal bench`).
@@ -108,20 +109,11 @@ pub struct Gauges {
     pub lock_entries: usize,
 }
 
-/// A counter on its own cache line.
-#[repr(align(128))]
-#[derive(Default)]
-struct Padded(AtomicU64);
-
 /// What the workers record for the sampler: per-thread abort counters and interval latency
 /// histograms.
 pub struct Probe {
     aborts: Vec<Padded>,
     hists: Vec<Mutex<Histogram<u64>>>,
-}
-
-fn new_hist() -> Histogram<u64> {
-    Histogram::new_with_bounds(1, 1 << 40, 3).expect("valid histogram bounds")
 }
 
 impl Probe {

@@ -10,7 +10,9 @@
 //! shoal bench tpcb --engine shoal-2pl,shoal-occ,sqlite   # peer engines: see src/portable
 //! ```
 
+mod config;
 mod dist;
+mod driver;
 mod engine_opts;
 mod engines;
 mod exp;
@@ -31,8 +33,8 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
+use config::{Cc, Log, Params};
 use engine_opts::{DeadlockArg, ElrArg, IntentArg, KeyModesArg, LockTableArg, VictimArg};
-use harness::{Cc, Log, Params};
 use report::Record;
 use sweep::{Axis, Sweep};
 use workloads::WorkloadKind;

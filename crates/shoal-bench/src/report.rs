@@ -10,7 +10,9 @@ use anyhow::Context;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use crate::harness::{Params, RunResult, TypeStats};
+use crate::config::Params;
+use crate::driver::TypeStats;
+use crate::harness::RunResult;
 use crate::sweep::{json_name, Sweep, Value};
 
 /// Latency percentiles of committed transactions, retries included, in microseconds.
@@ -305,8 +307,9 @@ pub fn write_hgrm(dir: &Path, n: usize, r: &RunResult) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Writes `records` to `path` as one JSON array.
-pub fn write_json(path: &Path, records: &[Record]) -> anyhow::Result<()> {
+/// Writes `records` to `path` as one JSON array (the shoal-native [`Record`]s and the portable
+/// path's records alike).
+pub fn write_json<R: Serialize>(path: &Path, records: &[R]) -> anyhow::Result<()> {
     let mut text = serde_json::to_string_pretty(records)?;
     text.push('\n');
     std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
@@ -391,7 +394,7 @@ pub fn render_table(params: &Params, sweep: &Sweep, records: &[Record]) -> Strin
         ]);
         rows.push(row);
     }
-    push_aligned(&mut out, &rows);
+    push_aligned(&mut out, &rows, 0);
     if records.iter().any(|r| r.per_type.len() > 1) {
         out.push_str("\nper transaction type (abort% = aborts per attempt):\n");
         out.push_str(&render_per_type(&cols, records));
@@ -460,12 +463,13 @@ fn render_per_type(cols: &[&'static str], records: &[Record]) -> String {
         }
     }
     let mut out = String::new();
-    push_aligned(&mut out, &rows);
+    push_aligned(&mut out, &rows, 0);
     out
 }
 
-/// Appends `rows` right-aligned in columns, with a rule under the first (header) row.
-fn push_aligned(out: &mut String, rows: &[Vec<String>]) {
+/// Appends `rows` in columns, the first `left` of them left-aligned and the others
+/// right-aligned, with a rule under the first (header) row.
+pub fn push_aligned(out: &mut String, rows: &[Vec<String>], left: usize) {
     let ncol = rows[0].len();
     let widths: Vec<usize> = (0..ncol)
         .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
@@ -474,7 +478,14 @@ fn push_aligned(out: &mut String, rows: &[Vec<String>]) {
         let cells: Vec<String> = row
             .iter()
             .zip(&widths)
-            .map(|(c, w)| format!("{c:>w$}"))
+            .enumerate()
+            .map(|(i, (c, w))| {
+                if i < left {
+                    format!("{c:<w$}")
+                } else {
+                    format!("{c:>w$}")
+                }
+            })
             .collect();
         out.push_str(cells.join("  ").trim_end());
         out.push('\n');
@@ -508,7 +519,8 @@ mod tests {
         assert!(last[0].starts_with("100"), "{text}");
         assert!(text.contains("Total count    =         1000"), "{text}");
     }
-    use crate::harness::{plan, RunStats};
+    use crate::driver::RunStats;
+    use crate::harness::plan;
     use crate::sweep::Axis;
     use crate::workloads::WorkloadKind;
     use std::time::Duration;

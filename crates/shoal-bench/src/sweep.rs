@@ -3,7 +3,7 @@
 //! Every command-line option that picks a variant or a number (`--cc`, `--threads`,
 //! `--read-ratio`, `--scale`, `--seed`) is an [`Axis`]. The benchmark runs every point of the
 //! product of all axes. Adding an option is: one clap field, one [`Axis`] in
-//! `main.rs`, one field in [`RunConfig`](crate::harness::RunConfig).
+//! `main.rs`, one field in [`RunConfig`](crate::config::RunConfig).
 
 use std::fmt;
 

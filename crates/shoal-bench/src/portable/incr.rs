@@ -2,14 +2,15 @@
 //! big-endian keys, loaded as 0) of which key 0 is hot. Each transaction is one `ADD(k, 1)`:
 //! on the hot key with probability `--hot-fraction`, else on a uniformly drawn other key. The
 //! check verifies that the counters add up to the commits and the hot counter to the hot
-//! commits.
+//! commits. The draw is the shoal-native INCR1's ([`draw_incr1`]).
 
 use anyhow::ensure;
 use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 
 use super::{LoadCfg, PortableWorkload, RunCfg};
 use crate::engines::{decode_i64, load_rows, KvEngine, KvTx, LoadValue, TableId, TxResult};
+use crate::workloads::incr::draw_incr1;
 
 /// The loaded counters.
 pub struct Incr1 {
@@ -52,11 +53,7 @@ impl PortableWorkload for Incr1 {
     }
 
     fn next(&self, st: &mut Worker) {
-        st.key = if st.rng.gen_bool(st.hot_fraction) {
-            0
-        } else {
-            st.rng.gen_range(1..self.keys)
-        };
+        st.key = draw_incr1(&mut st.rng, st.hot_fraction, self.keys, 0).0;
     }
 
     fn read_only(&self, _st: &Worker) -> bool {

@@ -1,7 +1,8 @@
 //! The portable benchmark path of `shoal bench --engine LIST`: TPC-B, YCSB and INCR1 written
 //! once against the engine-neutral interface of [`crate::engines`], run on every engine in the
-//! list (shoal's modes included) with the same workload code, the same worker loop (retry with
-//! backoff after a retryable abort) and the same consistency check after every run.
+//! list (shoal's modes included) with the same workload code and the same consistency check
+//! after every run, through the same [`driver`] as the shoal-native path (its adapter here,
+//! `Portable`, opens one engine session per worker thread).
 //!
 //! Runs are grouped by loaded database: one load per engine and data option (`--scale`,
 //! `--records`, `--field-size`), then every thread count, mix and hot fraction on it; the check
@@ -14,22 +15,17 @@ pub mod ycsb;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context};
-use hdrhistogram::Histogram;
-use rand::rngs::SmallRng;
-use rand::SeedableRng;
-
-use crate::harness::{backoff, new_hist, MEASURE, STOP, WARMUP};
 use serde::Serialize;
 
+use crate::config::Log;
 use crate::dist::KeyDist;
-use crate::engines::{Durability, EngineKind, KvEngine, KvTx, TxError, TxResult};
-use crate::harness::Log;
-use crate::report::Latency;
+use crate::driver::{self, Adapter, Attempt, RunStats, WorkerLoop};
+use crate::engines::{Durability, EngineKind, KvEngine, KvSession, KvTx, TxError, TxResult};
+use crate::report::{self, Latency};
 use crate::workloads::WorkloadKind;
 
 /// The options of `shoal bench` that only the portable path reads.
@@ -200,8 +196,7 @@ pub fn run(p: &PortableParams) -> anyhow::Result<()> {
         print!("{}", render_table(p, &records));
     }
     if let Some(path) = &p.json {
-        let text = serde_json::to_string_pretty(&records)?;
-        std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))?;
+        report::write_json(path, &records)?;
         eprintln!("wrote {} records to {}", records.len(), path.display());
     }
     if let Some(e) = failure {
@@ -298,7 +293,11 @@ fn sweep(p: &PortableParams, records: &mut Vec<PortableRecord>) -> anyhow::Resul
     let mixes = match (&p.mixes, p.workload) {
         (Some(m), WorkloadKind::Ycsb) => {
             for x in m {
-                if ycsb::Mix::parse(x).is_none() {
+                use crate::workloads::ycsb::Mix;
+                if !matches!(
+                    Mix::parse(x.trim()),
+                    Some(Mix::A | Mix::B | Mix::C | Mix::F)
+                ) {
                     bail!("--mix {x}: the portable YCSB runs mixes a, b, c and f");
                 }
             }
@@ -394,10 +393,10 @@ fn run_group<W: PortableWorkload>(
     );
     let mut tally = [0u64; 2];
     for run in runs {
-        let m = measure(p, db.as_ref(), &w, run)
+        let (m, t) = measure(p, db.as_ref(), &w, run)
             .with_context(|| format!("{} on {}", p.workload.name(), engine.name()))?;
-        tally[0] += m.tally[0];
-        tally[1] += m.tally[1];
+        tally[0] += t[0];
+        tally[1] += t[1];
         let check = match w.check(db.as_ref(), tally) {
             Ok(s) => format!("ok: {s}"),
             Err(e) => format!("FAILED: {e:#}"),
@@ -432,15 +431,11 @@ fn run_group<W: PortableWorkload>(
             warmup_s: p.warmup.as_secs_f64(),
             measured_s: (secs * 1000.0).round() / 1000.0,
             committed: m.committed,
-            aborted: m.aborts.iter().sum(),
+            aborted: m.aborted(),
             aborted_deadlock: m.aborts[0],
             aborted_lock_timeout: m.aborts[1],
             aborted_conflict: m.aborts[2],
-            throughput: if secs > 0.0 {
-                (m.committed as f64 / secs * 10.0).round() / 10.0
-            } else {
-                0.0
-            },
+            throughput: (m.throughput() * 10.0).round() / 10.0,
             vs_shoal_2pl: None,
             latency_us: Latency::from_ns(&m.latency_ns),
             check,
@@ -467,175 +462,119 @@ fn run_group<W: PortableWorkload>(
     Ok(())
 }
 
-struct Measured {
-    committed: u64,
-    aborts: [u64; 3],
-    measured: Duration,
-    latency_ns: Histogram<u64>,
-    /// The workload's counts over the whole run, warm-up included.
-    tally: [u64; 2],
-}
-
-struct WorkerOut {
-    committed: u64,
-    aborts: [u64; 3],
-    latency_ns: Histogram<u64>,
-    tally: [u64; 2],
-}
-
-fn worker<W: PortableWorkload>(
-    w: &W,
-    engine: &dyn KvEngine,
-    phase: &AtomicU8,
-    fatal: &Mutex<Option<String>>,
-    mut st: W::Worker,
-    seed: u64,
-) -> WorkerOut {
-    let mut out = WorkerOut {
-        committed: 0,
-        aborts: [0; 3],
-        latency_ns: new_hist(),
-        tally: [0; 2],
-    };
-    let fail = |msg: String| {
-        if let Ok(mut f) = fatal.lock() {
-            f.get_or_insert(msg);
-        }
-        phase.store(STOP, Ordering::Release);
-    };
-    let mut session = match engine.session() {
-        Ok(s) => s,
-        Err(e) => {
-            fail(format!("opening a session: {e:#}"));
-            return out;
-        }
-    };
-    let mut rng = SmallRng::seed_from_u64(seed ^ 0x5eed);
-    'txns: while phase.load(Ordering::Acquire) != STOP {
-        w.next(&mut st);
-        let ro = w.read_only(&st);
-        let start = Instant::now();
-        let mut attempt = 0u32;
-        loop {
-            let res = match session.begin(ro) {
-                Ok(mut tx) => match w.execute(&mut st, tx.as_mut()) {
-                    Ok(()) => tx.commit(),
-                    Err(e) => {
-                        tx.abort();
-                        Err(e)
-                    }
-                },
-                Err(e) => Err(e),
-            };
-            match res {
-                Ok(()) => break,
-                Err(TxError::Retry(kind, _)) => {
-                    let ph = phase.load(Ordering::Acquire);
-                    if ph == MEASURE {
-                        out.aborts[kind.index()] += 1;
-                    }
-                    if ph == STOP {
-                        break 'txns;
-                    }
-                    attempt += 1;
-                    backoff(attempt, &mut rng);
-                }
-                Err(TxError::Fatal(e)) => {
-                    fail(format!("fatal engine error: {e:#}"));
-                    break 'txns;
-                }
-            }
-        }
-        let elapsed = start.elapsed();
-        let t = w.committed(&mut st);
-        out.tally[0] += t[0];
-        out.tally[1] += t[1];
-        if phase.load(Ordering::Acquire) == MEASURE {
-            out.committed += 1;
-            out.latency_ns
-                .saturating_record(u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX));
-        }
-    }
-    out
-}
-
+/// Runs `run` on the loaded workload `w` through the shared driver: its statistics and what
+/// its commits tally for the check (warm-up included).
 fn measure<W: PortableWorkload>(
     p: &PortableParams,
     engine: &dyn KvEngine,
     w: &W,
     run: &RunCfg,
-) -> anyhow::Result<Measured> {
-    let phase = AtomicU8::new(if p.warmup.is_zero() { MEASURE } else { WARMUP });
-    let fatal = Mutex::new(None);
-    let total = p.warmup + p.duration;
-    let (outs, measured) = std::thread::scope(|s| -> anyhow::Result<_> {
-        let mut handles = Vec::with_capacity(run.threads);
-        for t in 0..run.threads {
-            let seed = thread_seed(run.seed, t);
-            let st = w.worker(run, u16::try_from(t)?, seed);
-            let (phase, fatal) = (&phase, &fatal);
-            let h = std::thread::Builder::new()
-                .name(format!("peer-{t}"))
-                .spawn_scoped(s, move || worker(w, engine, phase, fatal, st, seed))
-                .context("spawning a worker thread")?;
-            handles.push(h);
-        }
-        let start = Instant::now();
-        let mut measure_start = p.warmup.is_zero().then_some(start);
-        let measured = loop {
-            std::thread::sleep(Duration::from_millis(10));
-            let now = Instant::now();
-            if phase.load(Ordering::Acquire) == STOP {
-                break Duration::ZERO;
-            }
-            if measure_start.is_none() && now - start >= p.warmup {
-                phase.store(MEASURE, Ordering::Release);
-                measure_start = Some(now);
-            }
-            if now - start >= total {
-                phase.store(STOP, Ordering::Release);
-                break now - measure_start.unwrap_or(now);
-            }
-        };
-        let outs: Vec<WorkerOut> = handles
-            .into_iter()
-            .map(|h| h.join().map_err(|_| anyhow!("a worker thread panicked")))
-            .collect::<anyhow::Result<_>>()?;
-        Ok((outs, measured))
-    })?;
-    if let Some(msg) = fatal.lock().map_err(|_| anyhow!("poisoned"))?.take() {
-        bail!("{msg}");
-    }
-    let mut m = Measured {
-        committed: 0,
-        aborts: [0; 3],
-        measured,
-        latency_ns: new_hist(),
-        tally: [0; 2],
+) -> anyhow::Result<(RunStats, [u64; 2])> {
+    let win = driver::Window {
+        warmup: p.warmup,
+        duration: p.duration,
+        progress: false,
+        sampling: None,
+        label: String::new(),
     };
-    for o in outs {
-        m.committed += o.committed;
-        for i in 0..3 {
-            m.aborts[i] += o.aborts[i];
-        }
-        m.tally[0] += o.tally[0];
-        m.tally[1] += o.tally[1];
-        m.latency_ns
-            .add(&o.latency_ns)
-            .map_err(|e| anyhow!("merging histograms: {e:?}"))?;
-    }
-    Ok(m)
+    let a = Portable {
+        w,
+        engine,
+        run,
+        tally: Mutex::new([0; 2]),
+    };
+    let stats =
+        driver::measure(&win, &a, run.threads, run.seed)?.map_err(|msg| anyhow!("{msg}"))?;
+    let tally = a.tally.into_inner().map_err(|_| anyhow!("poisoned"))?;
+    Ok((stats, tally))
 }
 
-/// The per-thread seed (the harness's derivation).
-fn thread_seed(seed: u64, thread: usize) -> u64 {
-    fn splitmix64(mut x: u64) -> u64 {
-        x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        x ^ (x >> 31)
+/// The engine-neutral adapter of the driver: a portable workload on a [`KvEngine`], one
+/// session per worker thread.
+struct Portable<'a, W> {
+    w: &'a W,
+    engine: &'a dyn KvEngine,
+    run: &'a RunCfg,
+    /// What the workers' commits tally for the check, added up as each worker finishes.
+    tally: Mutex<[u64; 2]>,
+}
+
+impl<W: PortableWorkload> Adapter for Portable<'_, W> {
+    type Prepared = W::Worker;
+    type Loop<'l>
+        = PortableLoop<'l, W>
+    where
+        Self: 'l;
+
+    fn kinds(&self) -> &'static [&'static str] {
+        &["txn"]
     }
-    splitmix64(seed ^ splitmix64(thread as u64 + 1))
+
+    fn prepare(&self, thread: usize, seed: u64) -> anyhow::Result<W::Worker> {
+        Ok(self.w.worker(self.run, u16::try_from(thread)?, seed))
+    }
+
+    fn open(&self, st: W::Worker, _thread: usize) -> Result<PortableLoop<'_, W>, String> {
+        let session = (self.engine.session()).map_err(|e| format!("opening a session: {e:#}"))?;
+        Ok(PortableLoop {
+            w: self.w,
+            session,
+            st,
+            read_only: false,
+            tally: [0; 2],
+            total: &self.tally,
+        })
+    }
+}
+
+/// One engine-neutral worker: its session and its workload state.
+struct PortableLoop<'a, W: PortableWorkload> {
+    w: &'a W,
+    session: Box<dyn KvSession + 'a>,
+    st: W::Worker,
+    /// The current transaction only reads (SQLite begins it `DEFERRED`).
+    read_only: bool,
+    tally: [u64; 2],
+    total: &'a Mutex<[u64; 2]>,
+}
+
+impl<W: PortableWorkload> WorkerLoop for PortableLoop<'_, W> {
+    fn next(&mut self) -> (usize, Instant) {
+        self.w.next(&mut self.st);
+        self.read_only = self.w.read_only(&self.st);
+        (0, Instant::now())
+    }
+
+    fn attempt(&mut self, _start: Instant) -> Attempt {
+        let res = match self.session.begin(self.read_only) {
+            Ok(mut tx) => match self.w.execute(&mut self.st, tx.as_mut()) {
+                Ok(()) => tx.commit(),
+                Err(e) => {
+                    tx.abort();
+                    Err(e)
+                }
+            },
+            Err(e) => Err(e),
+        };
+        match res {
+            Ok(()) => Attempt::Committed,
+            Err(TxError::Retry(kind, _)) => Attempt::Abort(kind.index()),
+            Err(TxError::Fatal(e)) => Attempt::Fatal(format!("fatal engine error: {e:#}")),
+        }
+    }
+
+    fn committed(&mut self) {
+        let t = self.w.committed(&mut self.st);
+        self.tally[0] += t[0];
+        self.tally[1] += t[1];
+    }
+
+    fn finish(self) {
+        if let Ok(mut total) = self.total.lock() {
+            total[0] += self.tally[0];
+            total[1] += self.tally[1];
+        }
+    }
 }
 
 /// The result table: one row per run, with the throughput ratio to shoal-2pl.
@@ -689,30 +628,8 @@ pub fn render_table(p: &PortableParams, records: &[PortableRecord]) -> String {
             },
         ]);
     }
-    let widths: Vec<usize> = (0..head.len())
-        .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
-        .collect();
-    for (i, row) in rows.iter().enumerate() {
-        let cells: Vec<String> = row
-            .iter()
-            .zip(&widths)
-            .enumerate()
-            .map(|(c, (v, w))| {
-                if c < 3 {
-                    format!("{v:<w$}")
-                } else {
-                    format!("{v:>w$}")
-                }
-            })
-            .collect();
-        s.push_str(cells.join("  ").trim_end());
-        s.push('\n');
-        if i == 0 {
-            let total: usize = widths.iter().sum::<usize>() + 2 * (widths.len() - 1);
-            s.push_str(&"-".repeat(total));
-            s.push('\n');
-        }
-    }
+    // Engine, log and options left-aligned, the figures right-aligned.
+    report::push_aligned(&mut s, &rows, 3);
     s.push_str("vs 2pl: throughput / shoal-2pl's with the same options; dl/to/cf: aborts by deadlock / lock timeout (SQLite: busy) / conflict\n");
     s
 }
@@ -769,6 +686,19 @@ mod tests {
         let table = render_table(&i, &execute(&i).0);
         assert!(
             table.contains("shoal-occ") && table.contains("vs 2pl"),
+            "{table}"
+        );
+        // Engine, log and options left-aligned under a rule as wide as the header.
+        let lines: Vec<&str> = table.lines().collect();
+        assert!(lines[1].starts_with("engine     log   options"), "{table}");
+        assert_eq!(
+            lines[2].chars().count(),
+            lines[1].chars().count(),
+            "{table}"
+        );
+        assert!(lines[2].chars().all(|c| c == '-'), "{table}");
+        assert!(
+            lines[3].starts_with("shoal-2pl  none  hot_fraction=0.5"),
             "{table}"
         );
     }

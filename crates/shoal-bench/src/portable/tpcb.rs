@@ -1,50 +1,41 @@
-//! Portable TPC-B: the same transaction as `src/workloads/tpcb.rs` (read ratio 0), written
-//! against [`KvTx`]. Scale `B`: `B` branches, `10·B` tellers, `100,000·B` accounts, balances 0,
-//! keys 8-byte big-endian ids. Each transaction picks a teller uniformly (its branch is the
-//! teller's), an account of that branch with 85% probability or of another branch otherwise,
-//! a delta uniform in [-99999, 99999], adds the delta to the account, the teller and the branch
-//! (in that order) and inserts a 50-byte history row keyed (run, thread, sequence).
+//! Portable TPC-B: the transaction of `src/workloads/tpcb.rs` at read ratio 0, its body
+//! ([`Tables::execute`]), its inputs ([`draw`], tellers uniform) and its history rows
+//! ([`HistoryRow`], keyed by thread and run-tagged sequence) shared with the shoal-native
+//! variant, on tables of the engine-neutral interface. Scale `B`: `B` branches, `10·B`
+//! tellers, `100,000·B` accounts, balances 0, keys 8-byte big-endian ids. Each transaction
+//! picks a teller uniformly (its branch is the teller's), an account of that branch with 85%
+//! probability or of another branch otherwise, a delta uniform in [-99999, 99999], adds the
+//! delta to the account, the teller and the branch (in that order) and inserts a 50-byte
+//! history row.
 //!
 //! The check: history rows = commits so far (warm-up included), every balance = the sum of the
 //! history deltas that updated it, and sum(branch) = sum(teller) = sum(account) = sum(deltas).
 
 use anyhow::{bail, ensure};
 use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 
 use super::{LoadCfg, PortableWorkload, RunCfg};
+use crate::dist::{KeyDist, Sampler};
 use crate::engines::{decode_i64, load_rows, KvEngine, KvTx, LoadValue, TableId, TxResult};
-
-/// Tellers per branch.
-const TELLERS: u64 = 10;
-/// Accounts per branch.
-const ACCOUNTS: u64 = 100_000;
-/// History row length.
-const HISTORY_LEN: usize = 50;
+use crate::workloads::tpcb::{
+    draw, history_key, id_key, HistoryRow, Tables, ACCOUNTS_PER_BRANCH as ACCOUNTS, FLAG_ALL,
+    TELLERS_PER_BRANCH as TELLERS,
+};
 
 /// A loaded TPC-B database.
 pub struct Tpcb {
     scale: u64,
-    branch: TableId,
-    teller: TableId,
-    account: TableId,
-    history: TableId,
+    tables: Tables<TableId>,
 }
 
 /// A worker's state.
 pub struct Worker {
     rng: SmallRng,
-    run: u16,
+    tellers: Sampler,
     thread: u16,
     seq: u64,
-    aid: u64,
-    tid: u64,
-    bid: u64,
-    delta: i64,
-}
-
-fn id(k: u64) -> [u8; 8] {
-    k.to_be_bytes()
+    cur: HistoryRow,
 }
 
 fn key_id(k: &[u8]) -> anyhow::Result<u64> {
@@ -59,17 +50,20 @@ impl PortableWorkload for Tpcb {
         let b = cfg.scale.max(1);
         let w = Tpcb {
             scale: b,
-            branch: engine.create_table("branch")?,
-            teller: engine.create_table("teller")?,
-            account: engine.create_table("account")?,
-            history: engine.create_table("history")?,
+            tables: Tables {
+                branch: engine.create_table("branch")?,
+                teller: engine.create_table("teller")?,
+                account: engine.create_table("account")?,
+                history: engine.create_table("history")?,
+            },
         };
         let mut s = engine.session()?;
-        let (br, te, ac) = (w.branch, w.teller, w.account);
+        let (br, te, ac) = (w.tables.branch, w.tables.teller, w.tables.account);
+        let row = |t: TableId| move |i: u64| (t, id_key(i).to_vec(), LoadValue::Int(0));
         let mut rows = (0..b)
-            .map(move |i| (br, id(i).to_vec(), LoadValue::Int(0)))
-            .chain((0..b * TELLERS).map(move |i| (te, id(i).to_vec(), LoadValue::Int(0))))
-            .chain((0..b * ACCOUNTS).map(move |i| (ac, id(i).to_vec(), LoadValue::Int(0))));
+            .map(row(br))
+            .chain((0..b * TELLERS).map(row(te)))
+            .chain((0..b * ACCOUNTS).map(row(ac)));
         load_rows(s.as_mut(), &mut rows, 10_000)?;
         Ok(w)
     }
@@ -81,32 +75,16 @@ impl PortableWorkload for Tpcb {
     fn worker(&self, run: &RunCfg, thread: u16, seed: u64) -> Worker {
         Worker {
             rng: SmallRng::seed_from_u64(seed),
-            run: run.run,
+            tellers: KeyDist::Uniform.over(self.scale * TELLERS),
             thread,
-            seq: 0,
-            aid: 0,
-            tid: 0,
-            bid: 0,
-            delta: 0,
+            // The run number in the top 16 bits, as the shoal-native variant's keys.
+            seq: u64::from(run.run) << 48,
+            cur: HistoryRow::default(),
         }
     }
 
     fn next(&self, st: &mut Worker) {
-        let b = self.scale;
-        st.tid = st.rng.gen_range(0..b * TELLERS);
-        st.bid = st.tid / TELLERS;
-        let abranch = if b > 1 && st.rng.gen_bool(0.15) {
-            let other = st.rng.gen_range(0..b - 1);
-            if other >= st.bid {
-                other + 1
-            } else {
-                other
-            }
-        } else {
-            st.bid
-        };
-        st.aid = abranch * ACCOUNTS + st.rng.gen_range(0..ACCOUNTS);
-        st.delta = st.rng.gen_range(-99_999..=99_999);
+        st.cur = draw(self.scale, &st.tellers, &mut st.rng, 0.0);
     }
 
     fn read_only(&self, _st: &Worker) -> bool {
@@ -114,19 +92,8 @@ impl PortableWorkload for Tpcb {
     }
 
     fn execute(&self, st: &mut Worker, tx: &mut dyn KvTx) -> TxResult<()> {
-        tx.add(self.account, &id(st.aid), st.delta)?;
-        tx.add(self.teller, &id(st.tid), st.delta)?;
-        tx.add(self.branch, &id(st.bid), st.delta)?;
-        let mut key = [0u8; 12];
-        key[..2].copy_from_slice(&st.run.to_be_bytes());
-        key[2..4].copy_from_slice(&st.thread.to_be_bytes());
-        key[4..].copy_from_slice(&st.seq.to_be_bytes());
-        let mut row = [b'h'; HISTORY_LEN];
-        row[..8].copy_from_slice(&st.aid.to_le_bytes());
-        row[8..16].copy_from_slice(&st.tid.to_le_bytes());
-        row[16..24].copy_from_slice(&st.bid.to_le_bytes());
-        row[24..32].copy_from_slice(&st.delta.to_le_bytes());
-        tx.insert(self.history, &key, &row)
+        let key = history_key(st.thread, st.seq);
+        self.tables.execute(tx, &st.cur, false, &key)
     }
 
     fn committed(&self, st: &mut Worker) -> [u64; 2] {
@@ -139,7 +106,7 @@ impl PortableWorkload for Tpcb {
         let mut want_a = vec![0i64; usize::try_from(b * ACCOUNTS)?];
         let mut want_t = vec![0i64; usize::try_from(b * TELLERS)?];
         let mut want_b = vec![0i64; usize::try_from(b)?];
-        let history = engine.scan_all(self.history)?;
+        let history = engine.scan_all(self.tables.history)?;
         ensure!(
             history.len() as u64 == tally[0],
             "{} history rows but {} commits",
@@ -147,14 +114,12 @@ impl PortableWorkload for Tpcb {
             tally[0]
         );
         let mut sum = 0i64;
-        let field = |v: &[u8], i: usize| -> anyhow::Result<i64> {
-            decode_i64(v.get(i * 8..).unwrap_or(&[]))
-                .map_err(|e| anyhow::anyhow!("history row: {e}"))
-        };
         for (_, v) in &history {
-            ensure!(v.len() == HISTORY_LEN, "history row of {} bytes", v.len());
-            let (a, t, br, d) = (field(v, 0)?, field(v, 1)?, field(v, 2)?, field(v, 3)?);
-            let slot = |w: &mut Vec<i64>, i: i64| -> anyhow::Result<()> {
+            let h = HistoryRow::decode(v)
+                .ok_or_else(|| anyhow::anyhow!("history row of {} bytes", v.len()))?;
+            ensure!(h.flags == FLAG_ALL, "history row {h:?} only read a balance");
+            let d = h.delta;
+            let slot = |w: &mut Vec<i64>, i: u64| -> anyhow::Result<()> {
                 let x = usize::try_from(i)
                     .ok()
                     .and_then(|i| w.get_mut(i))
@@ -162,15 +127,15 @@ impl PortableWorkload for Tpcb {
                 *x += d;
                 Ok(())
             };
-            slot(&mut want_a, a)?;
-            slot(&mut want_t, t)?;
-            slot(&mut want_b, br)?;
+            slot(&mut want_a, h.aid)?;
+            slot(&mut want_t, h.tid)?;
+            slot(&mut want_b, h.bid)?;
             sum += d;
         }
         for (name, table, want) in [
-            ("account", self.account, &want_a),
-            ("teller", self.teller, &want_t),
-            ("branch", self.branch, &want_b),
+            ("account", self.tables.account, &want_a),
+            ("teller", self.tables.teller, &want_t),
+            ("branch", self.tables.branch, &want_b),
         ] {
             let rows = engine.scan_all(table)?;
             ensure!(
@@ -192,5 +157,57 @@ impl PortableWorkload for Tpcb {
             ensure!(total == sum, "sum({name}) = {total}, sum(deltas) = {sum}");
         }
         Ok(format!("{} history rows, balances match", history.len()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engines::{Durability, EngineKind};
+
+    #[test]
+    fn history_rows_are_the_shoal_native_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = EngineKind::Shoal2pl
+            .open(dir.path(), Durability::None)
+            .unwrap();
+        let load = LoadCfg {
+            scale: 2,
+            records: 0,
+            field_size: 0,
+        };
+        let w = Tpcb::load(db.as_ref(), &load).unwrap();
+        let run = RunCfg {
+            threads: 1,
+            mix: String::new(),
+            hot_fraction: 0.0,
+            dist: KeyDist::Uniform,
+            seed: 1,
+            run: 3,
+        };
+        let mut st = w.worker(&run, 5, 9);
+        let mut s = db.session().unwrap();
+        for _ in 0..2 {
+            w.next(&mut st);
+            let mut tx = s.begin(false).unwrap();
+            w.execute(&mut st, tx.as_mut()).unwrap();
+            tx.commit().unwrap();
+            w.committed(&mut st);
+        }
+        let rows = db.scan_all(w.tables.history).unwrap();
+        let keys: Vec<Vec<u8>> = rows.iter().map(|(k, _)| k.clone()).collect();
+        assert_eq!(
+            keys,
+            [
+                history_key(5, 3 << 48).to_vec(),
+                history_key(5, (3 << 48) + 1).to_vec()
+            ]
+        );
+        for (_, v) in &rows {
+            let h = HistoryRow::decode(v).unwrap();
+            assert_eq!((h.flags, h.bid), (FLAG_ALL, h.tid / TELLERS));
+            assert!(h.aid < 2 * ACCOUNTS);
+        }
+        assert!(w.check(db.as_ref(), [2, 0]).is_ok());
     }
 }

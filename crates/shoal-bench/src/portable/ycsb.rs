@@ -6,6 +6,11 @@
 //! F's read-modify-write (50%) read the record with `get_for_update` and write it back with
 //! its counter incremented. The check verifies every record's id, the record count and that
 //! the counters add up to the committed updates.
+//!
+//! The mixes and the scrambling of Zipfian draws are the shoal-native YCSB's
+//! (`src/workloads/ycsb.rs`: [`Mix`], [`fnv`]). That variant stays apart: it rewrites one field
+//! of a record, inserts (mixes d and e) through a shared id counter and scans (mix e), which
+//! the engine-neutral interface has no operation for.
 
 use anyhow::ensure;
 use rand::rngs::SmallRng;
@@ -14,40 +19,7 @@ use rand::{Rng, SeedableRng};
 use super::{LoadCfg, PortableWorkload, RunCfg};
 use crate::dist::Sampler;
 use crate::engines::{load_rows, KvEngine, KvTx, LoadValue, TableId, TxError, TxResult};
-
-/// A portable YCSB mix.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mix {
-    /// 50% read, 50% update.
-    A,
-    /// 95% read, 5% update.
-    B,
-    /// Read only.
-    C,
-    /// 50% read, 50% read-modify-write.
-    F,
-}
-
-impl Mix {
-    /// Parses `a`, `b`, `c` or `f`.
-    pub fn parse(s: &str) -> Option<Mix> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "a" => Some(Mix::A),
-            "b" => Some(Mix::B),
-            "c" => Some(Mix::C),
-            "f" => Some(Mix::F),
-            _ => None,
-        }
-    }
-
-    fn update_share(self) -> f64 {
-        match self {
-            Mix::A | Mix::F => 0.5,
-            Mix::B => 0.05,
-            Mix::C => 0.0,
-        }
-    }
-}
+use crate::workloads::ycsb::{fnv, Mix, Op};
 
 /// A loaded YCSB table.
 pub struct Ycsb {
@@ -63,16 +35,6 @@ pub struct Worker {
     mix: Mix,
     key: u64,
     update: bool,
-}
-
-/// FNV-1a of the 8 bytes of `x`: scrambles Zipfian item numbers over the key space.
-fn fnv(x: u64) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in x.to_le_bytes() {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h
 }
 
 fn record(id: u64, counter: u64, len: usize) -> Vec<u8> {
@@ -118,7 +80,7 @@ impl PortableWorkload for Ycsb {
         Worker {
             rng: SmallRng::seed_from_u64(seed),
             sampler: run.dist.over(self.records),
-            mix: Mix::parse(&run.mix).unwrap_or(Mix::A),
+            mix: Mix::parse(run.mix.trim()).unwrap_or(Mix::A),
             key: 0,
             update: false,
         }
@@ -131,7 +93,8 @@ impl PortableWorkload for Ycsb {
         } else {
             item
         };
-        st.update = st.rng.gen_bool(st.mix.update_share());
+        // The shoal-native YCSB's draw of the operation: its mixes a, b, c and f.
+        st.update = st.mix.op(st.rng.gen()) != Op::Read;
     }
 
     fn read_only(&self, st: &Worker) -> bool {

@@ -7,7 +7,7 @@ use shoal::doppel::DoppelStats;
 use shoal::Database;
 
 use super::WorkloadKind;
-use crate::harness::{Cc, RunConfig};
+use crate::config::{Cc, RunConfig};
 use crate::sweep::{Axis, Value};
 
 /// `--variant` of RUBiS.

@@ -18,6 +18,11 @@
 //! is an atomic `fetch_add` on an in-memory array of counters, with no transaction (the
 //! thesis' Atomic upper bound). The check: the counters (plus the atomic array) add up to the
 //! transactions committed.
+//!
+//! The portable INCR1 (`crate::portable::incr`, `--engine`) draws its counters with the same
+//! [`draw_incr1`]; this shoal-native variant stays apart for what the engine-neutral interface
+//! cannot express: Doppel's `add_blind` and split hints, `--cc atomic`, `--hot-move-every`
+//! and INCRZ's per-type statistics.
 
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Mutex, PoisonError};
@@ -31,8 +36,21 @@ use shoal::{Database, Table, Transaction};
 
 use super::doppel_args::{float, key16, label_top, parse_key16, text};
 use super::{parallel_load, Ledger, Workload};
+use crate::config::{Cc, RunConfig};
 use crate::dist::{KeyDist, Sampler};
-use crate::harness::{Cc, RunConfig};
+
+/// INCR1's draw, both paths' (the portable INCR1 in `crate::portable::incr` too): the hot
+/// counter `hot` with probability `hot_fraction`, else one of the other `n - 1` uniformly.
+/// Returns the counter and whether it is the hot one.
+pub fn draw_incr1(rng: &mut SmallRng, hot_fraction: f64, n: u64, hot: u64) -> (u64, bool) {
+    if rng.gen_bool(hot_fraction) {
+        (hot, true)
+    } else {
+        // Uniform over the other counters.
+        let r = rng.gen_range(0..n - 1);
+        (r + u64::from(r >= hot), false)
+    }
+}
 
 /// Counters per load transaction.
 const LOAD_CHUNK: u64 = 10_000;
@@ -234,14 +252,7 @@ impl Workload for Incr {
                     }
                 }
             }
-            w.hot = w.rng.gen_bool(w.hot_fraction);
-            w.id = if w.hot {
-                w.hot_id
-            } else {
-                // Uniform over the other counters.
-                let r = w.rng.gen_range(0..self.n - 1);
-                r + u64::from(r >= w.hot_id)
-            };
+            (w.id, w.hot) = draw_incr1(&mut w.rng, w.hot_fraction, self.n, w.hot_id);
         } else {
             w.id = w.sampler.sample(&mut w.rng);
             w.hot = false;
@@ -344,6 +355,23 @@ mod tests {
     use super::*;
     use crate::sweep::Value;
     use crate::workloads::testutil::{await_split, config_cc as config, open, run_txns};
+
+    #[test]
+    fn incr1_draws_the_hot_counter_at_its_fraction_and_the_others_uniformly() {
+        let mut rng = SmallRng::seed_from_u64(3);
+        let mut seen = [0u32; 5];
+        for _ in 0..10_000 {
+            let (id, hot) = draw_incr1(&mut rng, 0.2, 5, 2);
+            assert_eq!(hot, id == 2);
+            seen[id as usize] += 1;
+        }
+        assert!((1_800..2_200).contains(&seen[2]), "{seen:?}");
+        for other in [0, 1, 3, 4] {
+            assert!((1_800..2_200).contains(&seen[other]), "{seen:?}");
+        }
+        assert_eq!(draw_incr1(&mut rng, 1.0, 5, 4), (4, true));
+        assert_ne!(draw_incr1(&mut rng, 0.0, 5, 4).0, 4);
+    }
 
     fn run(cc: &str, extra: &[(&'static str, Value)]) {
         let mut x = vec![("records", Value::Int(500))];

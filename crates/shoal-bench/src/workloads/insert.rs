@@ -16,7 +16,7 @@ use indicatif::ProgressBar;
 use shoal::{Database, Table, Transaction};
 
 use super::{Ledger, Workload};
-use crate::harness::RunConfig;
+use crate::config::RunConfig;
 
 /// Records inserted per commit.
 pub const RECORDS_PER_COMMIT: u64 = 1_000;

@@ -20,7 +20,7 @@ use shoal::lock::LockMode;
 use shoal::{Database, Table, Transaction};
 
 use super::{Ledger, Workload};
-use crate::harness::RunConfig;
+use crate::config::RunConfig;
 use crate::sweep::Value;
 
 /// The tables' names.

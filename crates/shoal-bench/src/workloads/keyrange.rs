@@ -22,7 +22,7 @@ use rand::{Rng, SeedableRng};
 use shoal::{Database, Table, Transaction};
 
 use super::{Ledger, Workload};
-use crate::harness::RunConfig;
+use crate::config::RunConfig;
 
 /// Longest search, in ids (so up to about half as many keys).
 pub const MAX_SPAN: u64 = 10;

@@ -21,8 +21,8 @@ use shoal::{Database, Table, Transaction};
 
 use super::doppel_args::{float, key16, label_top, parse_key16};
 use super::{parallel_load, Ledger, Workload};
+use crate::config::{Cc, RunConfig};
 use crate::dist::{KeyDist, Sampler};
-use crate::harness::{Cc, RunConfig};
 
 const LOAD_CHUNK: u64 = 10_000;
 const CHECK_CHUNK: u64 = 100_000;

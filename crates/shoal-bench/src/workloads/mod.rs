@@ -9,6 +9,7 @@ pub mod keyrange;
 pub mod like;
 #[cfg_attr(not(test), allow(dead_code))]
 pub mod lockexp;
+pub mod ops;
 pub mod rubis;
 pub mod tellers;
 pub mod tpcb;
@@ -18,7 +19,7 @@ pub mod ycsb;
 
 use shoal::{Database, Transaction};
 
-use crate::harness::RunConfig;
+use crate::config::RunConfig;
 
 /// Which workload `shoal bench` runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]

@@ -48,8 +48,8 @@ use shoal::{Database, Table, Transaction};
 
 use super::doppel_args::{float, key16, parse_key16, text};
 use super::{parallel_load, Ledger, Workload};
+use crate::config::{Cc, RunConfig};
 use crate::dist::{KeyDist, Sampler};
-use crate::harness::{Cc, RunConfig};
 
 const LOAD_CHUNK: u64 = 10_000;
 /// Categories and regions (RUBiS's defaults).

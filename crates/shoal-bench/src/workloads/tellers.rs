@@ -16,8 +16,8 @@ use rand::SeedableRng;
 use shoal::{Database, Table, Transaction};
 
 use super::{parallel_load, Ledger, Workload};
+use crate::config::RunConfig;
 use crate::dist::{KeyDist, Sampler};
-use crate::harness::RunConfig;
 
 /// Tellers updated by each transaction.
 pub const TELLERS_PER_TXN: usize = 5;

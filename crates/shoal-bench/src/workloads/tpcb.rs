@@ -36,9 +36,10 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use shoal::{Database, Table, Transaction};
 
+use super::ops::TxOps;
 use super::{parallel_load, Ledger, Workload};
+use crate::config::RunConfig;
 use crate::dist::{KeyDist, Sampler};
-use crate::harness::RunConfig;
 
 /// Tellers per branch.
 pub const TELLERS_PER_BRANCH: u64 = 10;
@@ -118,12 +119,59 @@ impl HistoryRow {
     }
 }
 
+/// The four TPC-B tables, by the table handle of the path that runs them (a shoal [`Table`]
+/// here, an engine-neutral `TableId` in `crate::portable::tpcb`).
+pub struct Tables<T> {
+    /// Branch balances.
+    pub branch: T,
+    /// Teller balances.
+    pub teller: T,
+    /// Account balances.
+    pub account: T,
+    /// History rows.
+    pub history: T,
+}
+
+impl<T> Tables<T> {
+    /// The TPC-B transaction, the one body both paths run: adds (or, with its flag clear,
+    /// reads) the account, teller and branch balances of `h` in that order (`reversed`: the
+    /// opposite one), then inserts `h` as the history row `key`.
+    pub fn execute<O: TxOps<Table = T> + ?Sized>(
+        &self,
+        tx: &mut O,
+        h: &HistoryRow,
+        reversed: bool,
+        key: &[u8],
+    ) -> Result<(), O::Error> {
+        let mut rows = [
+            (FLAG_ACCOUNT, &self.account, h.aid),
+            (FLAG_TELLER, &self.teller, h.tid),
+            (FLAG_BRANCH, &self.branch, h.bid),
+        ];
+        if reversed {
+            rows.reverse();
+        }
+        for (flag, table, id) in rows {
+            if h.flags & flag != 0 {
+                tx.add(table, &id_key(id), h.delta)?;
+            } else {
+                tx.get_i64(table, &id_key(id))?;
+            }
+        }
+        tx.insert(&self.history, key, &h.encode())
+    }
+}
+
 /// A loaded TPC-B database.
+///
+/// The shoal-native variant of `crate::portable::tpcb`, which runs the same transaction
+/// ([`Tables::execute`]) with the same inputs ([`draw`]) and history rows: this one adds what
+/// the engine-neutral interface cannot express or would slow down: a parallel load into
+/// several shoal transactions at once with a progress bar, the consistency check's scans in
+/// bounded shoal transactions, and the shoal-only options (`--read-ratio`,
+/// `--reverse-fraction`, `--zipf`/`--self-similar` tellers).
 pub struct Tpcb {
-    branch: Table,
-    teller: Table,
-    account: Table,
-    history: Table,
+    tables: Tables<Table>,
     branches: u64,
 }
 
@@ -162,19 +210,21 @@ impl Tpcb {
                 .with_context(|| format!("creating table {name} (is the database empty?)"))
         };
         let t = Tpcb {
-            branch: create("branch")?,
-            teller: create("teller")?,
-            account: create("account")?,
-            history: create("history")?,
+            tables: Tables {
+                branch: create("branch")?,
+                teller: create("teller")?,
+                account: create("account")?,
+                history: create("history")?,
+            },
             branches,
         };
         let zero = 0i64.to_le_bytes();
         // Work items: (table, first id, end id), in batches.
         let mut items: Vec<(&Table, u64, u64)> = Vec::new();
         for (table, n) in [
-            (&t.branch, branches),
-            (&t.teller, t.tellers()),
-            (&t.account, t.accounts()),
+            (&t.tables.branch, branches),
+            (&t.tables.teller, t.tellers()),
+            (&t.tables.account, t.accounts()),
         ] {
             let mut lo = 0;
             while lo < n {
@@ -208,7 +258,7 @@ impl Tpcb {
 /// Draws a transaction's inputs at scale `branches`: the teller from `tellers` (uniform by
 /// default; skewed with `--zipf`/`--self-similar`, which so skews the branches too), the
 /// account in the teller's branch with probability 85%, else in another branch, uniformly.
-fn draw(branches: u64, tellers: &Sampler, rng: &mut SmallRng, read_ratio: f64) -> HistoryRow {
+pub fn draw(branches: u64, tellers: &Sampler, rng: &mut SmallRng, read_ratio: f64) -> HistoryRow {
     let tid = tellers.sample(rng);
     let bid = tid / TELLERS_PER_BRANCH;
     let abranch = if branches > 1 && rng.gen_bool(REMOTE_ACCOUNT) {
@@ -365,23 +415,8 @@ impl Workload for Tpcb {
     }
 
     fn execute(&self, w: &TpcbWorker, tx: &mut Transaction<'_>) -> shoal::Result<()> {
-        let h = &w.cur;
-        let mut rows = [
-            (FLAG_ACCOUNT, &self.account, h.aid),
-            (FLAG_TELLER, &self.teller, h.tid),
-            (FLAG_BRANCH, &self.branch, h.bid),
-        ];
-        if w.reversed {
-            rows.reverse();
-        }
-        for (flag, table, id) in rows {
-            if h.flags & flag != 0 {
-                tx.add(table, id_key(id), h.delta)?;
-            } else {
-                tx.get_i64(table, id_key(id))?;
-            }
-        }
-        tx.insert(&self.history, history_key(w.thread, w.seq), h.encode())
+        let key = history_key(w.thread, w.seq);
+        self.tables.execute(tx, &w.cur, w.reversed, &key)
     }
 
     fn committed(&self, w: &mut TpcbWorker) {
@@ -399,7 +434,7 @@ impl Workload for Tpcb {
         let mut rows = 0u64;
         let mut delta_sum: i128 = 0;
         let mut reads = 0u64;
-        scan_chunked(db, &self.history, &history_bounds(ledger), |k, v| {
+        scan_chunked(db, &self.tables.history, &history_bounds(ledger), |k, v| {
             let h = HistoryRow::decode(v)
                 .with_context(|| format!("history row {k:02x?} has {} bytes", v.len()))?;
             if k.len() != 10
@@ -432,9 +467,9 @@ impl Workload for Tpcb {
                 ledger.total()
             ));
         }
-        let (sb, b1) = check_balances(db, &self.branch, &exp_b)?;
-        let (st, b2) = check_balances(db, &self.teller, &exp_t)?;
-        let (sa, b3) = check_balances(db, &self.account, &exp_a)?;
+        let (sb, b1) = check_balances(db, &self.tables.branch, &exp_b)?;
+        let (st, b2) = check_balances(db, &self.tables.teller, &exp_t)?;
+        let (sa, b3) = check_balances(db, &self.tables.account, &exp_a)?;
         if reads == 0 && !(sb == st && st == sa && sa == delta_sum) {
             bad.push(format!(
                 "sum(branch) = {sb}, sum(teller) = {st}, sum(account) = {sa}, \

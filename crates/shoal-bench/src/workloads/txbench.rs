@@ -37,7 +37,7 @@ use rand::{Rng, SeedableRng};
 use shoal::{Database, Table, Transaction};
 
 use super::{Ledger, Workload};
-use crate::harness::RunConfig;
+use crate::config::RunConfig;
 use crate::sweep::Value;
 
 /// Rows per table unless `--table-rows` says otherwise (Jung et al.: 100k).

@@ -41,8 +41,8 @@ use rand::{Rng, SeedableRng};
 use shoal::{Database, Table, Transaction};
 
 use super::{Ledger, Workload};
+use crate::config::RunConfig;
 use crate::dist::{KeyDist, Sampler};
-use crate::harness::RunConfig;
 
 /// Fields per record.
 pub const FIELDS: usize = 10;
@@ -87,7 +87,7 @@ impl Mix {
     }
 
     /// Draws an operation: `(update-like fraction, insert fraction)` applied to `x` in [0, 1).
-    fn op(self, x: f64) -> Op {
+    pub fn op(self, x: f64) -> Op {
         match self {
             Mix::A if x < 0.5 => Op::Update,
             Mix::B if x < 0.05 => Op::Update,
@@ -157,7 +157,7 @@ pub struct YcsbWorker {
 }
 
 /// FNV-1a of the 8 bytes of `x`: scrambles Zipfian item numbers over the key space.
-fn fnv(x: u64) -> u64 {
+pub fn fnv(x: u64) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in x.to_le_bytes() {
         h ^= u64::from(b);

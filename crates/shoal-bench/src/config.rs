@@ -1,0 +1,275 @@
+//! The configuration of `shoal bench` runs: the command-line names of concurrency control and
+//! commit logging ([`Cc`], [`Log`]), the settings of a whole sweep ([`Params`]) and one run's
+//! typed options ([`RunConfig`]). Kept apart from the harness that runs them, so that the
+//! workloads, which read a `RunConfig`, and the harness, which runs the workloads, do not
+//! import each other.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail};
+use shoal::{ConcurrencyControl, LogMode, Options};
+
+use crate::dist::{parse_dist, KeyDist};
+use crate::engine_opts;
+use crate::sweep::{Point, Value};
+use crate::workloads::WorkloadKind;
+
+/// Concurrency control as named on the command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Cc {
+    /// Strict two-phase locking with key-range locks.
+    #[value(name = "2pl")]
+    TwoPl,
+    /// Silo-style optimistic concurrency control.
+    #[value(name = "occ")]
+    Occ,
+    /// No locking: transactions run one at a time (single worker thread only).
+    #[value(name = "none", alias = "serial")]
+    None,
+    /// Doppel phase reconciliation: OCC in joined phases, per-worker slices for hot records
+    /// in split phases; the harness's worker threads are Doppel's workers.
+    #[value(name = "doppel")]
+    Doppel,
+    /// No transaction: one atomic add per operation on an in-memory array (Doppel thesis
+    /// §7.2's upper bound; INCR workloads only).
+    #[value(name = "atomic")]
+    Atomic,
+}
+
+impl Cc {
+    /// The command-line name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Cc::TwoPl => "2pl",
+            Cc::Occ => "occ",
+            Cc::None => "none",
+            Cc::Doppel => "doppel",
+            Cc::Atomic => "atomic",
+        }
+    }
+
+    /// Parses a command-line name.
+    pub fn parse(s: &str) -> Option<Cc> {
+        match s {
+            "2pl" => Some(Cc::TwoPl),
+            "occ" => Some(Cc::Occ),
+            "none" | "serial" => Some(Cc::None),
+            "doppel" => Some(Cc::Doppel),
+            "atomic" => Some(Cc::Atomic),
+            _ => None,
+        }
+    }
+
+    /// The engine setting (`atomic` runs no transactions: its database, used for the load
+    /// and the check only, runs OCC).
+    pub fn engine(self) -> ConcurrencyControl {
+        match self {
+            Cc::TwoPl => ConcurrencyControl::TwoPhaseLocking,
+            Cc::Occ | Cc::Atomic => ConcurrencyControl::Optimistic,
+            Cc::None => ConcurrencyControl::Serial,
+            Cc::Doppel => ConcurrencyControl::Doppel,
+        }
+    }
+}
+
+/// Commit logging as named on the command line ([`LogMode`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Log {
+    /// No write-ahead log: nothing survives the process.
+    None,
+    /// `commit` returns once its log record is durable (group commit).
+    Sync,
+    /// `commit` returns once its log record is in the log buffer; flushed within 10 ms.
+    Async,
+    /// Flush pipelining: `commit` returns once its record is in the buffer, locks are
+    /// released when it is durable.
+    Pipelined,
+}
+
+impl Log {
+    /// The command-line name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Log::None => "none",
+            Log::Sync => "sync",
+            Log::Async => "async",
+            Log::Pipelined => "pipelined",
+        }
+    }
+
+    /// Parses a command-line name.
+    pub fn parse(s: &str) -> Option<Log> {
+        [Log::None, Log::Sync, Log::Async, Log::Pipelined]
+            .into_iter()
+            .find(|l| l.name() == s)
+    }
+
+    /// The engine setting.
+    pub fn engine(self) -> LogMode {
+        match self {
+            Log::None => LogMode::None,
+            Log::Sync => LogMode::Sync,
+            Log::Async => LogMode::Async,
+            Log::Pipelined => LogMode::Pipelined,
+        }
+    }
+}
+
+/// Settings that hold for the whole sweep (not swept).
+#[derive(Clone, Debug)]
+pub struct Params {
+    /// The workload.
+    pub workload: WorkloadKind,
+    /// Warm-up before each measurement window.
+    pub warmup: Duration,
+    /// Length of each measurement window.
+    pub duration: Duration,
+    /// Database directory; `None` = a fresh temporary directory per loaded database.
+    pub db_dir: Option<PathBuf>,
+    /// Show progress bars (they are hidden anyway when stderr is not a terminal).
+    pub progress: bool,
+    /// Per-interval sampling of the measurement window (`--report-interval`, `--csv`).
+    pub sampling: Option<crate::interval::Sampling>,
+}
+
+/// One run's configuration: a sweep point with its values typed.
+#[derive(Clone, Debug)]
+pub struct RunConfig {
+    /// The sweep point it came from (every swept option's value).
+    pub point: Point,
+    /// Concurrency control.
+    pub cc: Cc,
+    /// Worker threads.
+    pub threads: usize,
+    /// Workload scale (TPC-B: branches, from `scale`; TPC-C: warehouses, from `warehouses`).
+    pub scale: u64,
+    /// Probability that a balance update becomes a read.
+    pub read_ratio: f64,
+    /// Base of the per-thread random seeds.
+    pub seed: u64,
+    /// How the workload draws its hot keys (TPC-B: the teller, hence the branch); `None`:
+    /// the workload's default (uniform for TPC-B, Zipfian 0.99 for YCSB).
+    pub dist: Option<KeyDist>,
+    /// YCSB: records loaded; keyrange: counters.
+    pub records: u64,
+    /// keyrange: probability that a search's end points are existing keys.
+    pub existing_endpoints: f64,
+    /// YCSB: bytes per field.
+    pub field_size: usize,
+    /// The workload's transaction mix as given (`--mix`), if any (YCSB: `a` to `f`, default
+    /// `a`; TPC-C: `full` (default), `new-order`, ...).
+    pub mix: Option<String>,
+    /// The engine options of this run's database.
+    pub options: Options,
+}
+
+impl RunConfig {
+    /// Types the values of a sweep point.
+    pub fn from_point(p: &Point) -> anyhow::Result<RunConfig> {
+        let int = |name: &str| match p.get(name) {
+            Some(Value::Int(v)) => Ok(*v),
+            other => Err(anyhow!("option {name}: expected an integer, got {other:?}")),
+        };
+        let cc = match p.get("cc") {
+            Some(Value::Text(s)) => Cc::parse(s).ok_or_else(|| anyhow!("unknown --cc {s}"))?,
+            other => bail!("option cc: expected a name, got {other:?}"),
+        };
+        let log = match p.get("log") {
+            Some(Value::Text(s)) => Log::parse(s).ok_or_else(|| anyhow!("unknown --log {s}"))?,
+            other => bail!("option log: expected a name, got {other:?}"),
+        };
+        let read_ratio = match p.get("read-ratio") {
+            None => 0.0,
+            Some(Value::Float(v)) => *v,
+            other => bail!("option read-ratio: expected a number, got {other:?}"),
+        };
+        let dist = match p.get("dist") {
+            None => None,
+            Some(Value::Text(s)) => {
+                Some(parse_dist(s).ok_or_else(|| anyhow!("bad key distribution {s}"))?)
+            }
+            other => bail!("option dist: expected a name, got {other:?}"),
+        };
+        let opt_int = |name: &str, default: u64| match p.get(name) {
+            None => Ok(default),
+            Some(Value::Int(v)) => Ok(*v),
+            other => Err(anyhow!("option {name}: expected an integer, got {other:?}")),
+        };
+        let mix = match p.get("mix") {
+            None => None,
+            Some(Value::Text(s)) => Some(s.clone()),
+            other => bail!("option mix: expected a name, got {other:?}"),
+        };
+        let scale = match p.get("warehouses") {
+            Some(_) => int("warehouses")?,
+            None => opt_int("scale", 1)?,
+        };
+        let mut options = Options {
+            cc: cc.engine(),
+            log: log.engine(),
+            ..Options::default()
+        };
+        engine_opts::apply(p, &mut options)?;
+        Ok(RunConfig {
+            point: p.clone(),
+            cc,
+            threads: usize::try_from(int("threads")?)?,
+            scale,
+            read_ratio,
+            seed: int("seed")?,
+            dist,
+            records: opt_int("records", 1_000_000)?,
+            existing_endpoints: match p.get("existing-endpoints") {
+                None => 0.5,
+                Some(Value::Float(v)) => *v,
+                other => bail!("option existing-endpoints: expected a number, got {other:?}"),
+            },
+            field_size: usize::try_from(opt_int("field-size", 100)?)?,
+            mix,
+            options,
+        })
+    }
+
+    /// A configuration for unit tests: scale 1, one thread, 2PL without log, plus the given
+    /// axes.
+    #[cfg(test)]
+    pub fn for_test(extra: &[(&'static str, Value)]) -> RunConfig {
+        let mut p = Point(vec![
+            ("scale", Value::Int(1)),
+            ("cc", Value::from("2pl")),
+            ("log", Value::from("none")),
+            ("threads", Value::Int(1)),
+            ("read-ratio", Value::Float(0.0)),
+            ("seed", Value::Int(42)),
+        ]);
+        p.0.extend(extra.iter().cloned());
+        RunConfig::from_point(&p).expect("a valid test configuration")
+    }
+
+    /// Why this combination cannot run for `workload`, if it cannot (see
+    /// [`skip_reason`](Self::skip_reason); adds `--cc atomic` on workloads without an
+    /// atomic form).
+    pub fn skip_reason_for(&self, workload: Option<WorkloadKind>) -> Option<String> {
+        crate::workloads::doppel_args::skip_reason(self, workload).or_else(|| self.skip_reason())
+    }
+
+    /// Why this combination cannot run, if it cannot.
+    pub fn skip_reason(&self) -> Option<String> {
+        if self.cc == Cc::None && self.threads > 1 {
+            return Some(format!(
+                "skipping {}: --cc none runs transactions one at a time without locks, \
+                 so it runs with one thread only",
+                self.point.describe()
+            ));
+        }
+        None
+    }
+
+    /// The per-thread seed of worker `thread`: derived deterministically from `--seed` (the
+    /// driver derives it for the runs; tests make the same workers with this).
+    #[cfg(test)]
+    pub fn thread_seed(&self, thread: usize) -> u64 {
+        crate::driver::thread_seed(self.seed, thread)
+    }
+}

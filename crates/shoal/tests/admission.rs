@@ -210,3 +210,30 @@ fn many_threads_over_one_slot_all_finish_in_every_mode() {
         );
     }
 }
+
+/// One slot, held by A, whose transaction waits (outside the engine) for B to commit: B
+/// waits for the slot, gives up after `admission::ESCAPE` and runs without one, so the
+/// program finishes instead of deadlocking.
+#[test]
+fn a_thread_waiting_for_a_slot_too_long_runs_without_one() {
+    let db = limited(1, ConcurrencyControl::TwoPhaseLocking);
+    let t = db.create_table("t").unwrap();
+    let (db, t) = (&db, &t);
+    let (b_done, wait_b) = mpsc::channel();
+    std::thread::scope(|s| {
+        let a = s.spawn(move || {
+            let mut ta = db.begin();
+            ta.put(t, "a", "1").unwrap();
+            wait_b.recv().unwrap();
+            ta.commit()
+        });
+        until(|| db.admission_stats().unwrap().running == 1);
+        s.spawn(move || {
+            db.run(|tb| tb.put(t, "b", "1")).unwrap();
+            b_done.send(()).unwrap();
+        });
+        a.join().unwrap().unwrap();
+    });
+    let s = db.admission_stats().unwrap();
+    assert_eq!((s.escaped, s.running, s.waiting), (1, 0, 0), "{s:?}");
+}

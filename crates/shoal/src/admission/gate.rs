@@ -15,10 +15,13 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
 
-use super::sync::{current, park, AtomicU64, AtomicUsize, Mutex, Ordering::SeqCst, Thread};
+use super::sync::{
+    current, park, park_timeout, AtomicU64, AtomicUsize, Mutex, Ordering::SeqCst, Thread,
+};
 
 /// A slot nobody holds.
 pub const FREE: u64 = 0;
@@ -28,6 +31,9 @@ const STATE: u64 = 3;
 /// `waiting` counts every waiter in its low half and resumers in its high half.
 const RESUMER: u64 = 1 << 32;
 const NONE: usize = usize::MAX;
+/// How many resumers may be served ahead of the thread at the head of the begin queue before
+/// it is served: resumers go first (they may hold locks), but never forever.
+pub const MAX_OVERTAKE: u32 = 16;
 
 /// The word of a slot that thread `token` runs a transaction in.
 pub fn busy(token: u32) -> u64 {
@@ -61,6 +67,8 @@ struct Queues {
     resume: VecDeque<Arc<Waiter>>,
     /// Threads beginning a transaction.
     begin: VecDeque<Arc<Waiter>>,
+    /// Resumers served since the head of `begin` arrived there.
+    overtaken: u32,
 }
 
 impl Queues {
@@ -68,16 +76,29 @@ impl Queues {
         self.resume.is_empty() && self.begin.is_empty()
     }
 
+    /// Whether the next thread served is a beginner.
+    fn beginner_first(&self) -> bool {
+        self.resume.is_empty() || (!self.begin.is_empty() && self.overtaken >= MAX_OVERTAKE)
+    }
+
     fn head(&self) -> Option<&Arc<Waiter>> {
-        self.resume.front().or_else(|| self.begin.front())
+        if self.beginner_first() {
+            self.begin.front()
+        } else {
+            self.resume.front()
+        }
     }
 
     /// Removes the head; returns it and its share of `waiting`.
     fn pop(&mut self) -> Option<(Arc<Waiter>, u64)> {
-        if let Some(w) = self.resume.pop_front() {
-            return Some((w, 1 + RESUMER));
+        if self.beginner_first() {
+            self.overtaken = 0;
+            return self.begin.pop_front().map(|w| (w, 1));
         }
-        self.begin.pop_front().map(|w| (w, 1))
+        if !self.begin.is_empty() {
+            self.overtaken += 1;
+        }
+        self.resume.pop_front().map(|w| (w, 1 + RESUMER))
     }
 }
 
@@ -96,6 +117,8 @@ pub struct GateStats {
     pub handovers: u64,
     /// Of those, kept slots the watchdog took from a thread that stayed away.
     pub reclaimed: u64,
+    /// Threads that waited the escape time and ran without a slot.
+    pub escaped: u64,
 }
 
 /// The slots and the queue of waiting threads.
@@ -107,12 +130,18 @@ pub struct Gate {
     queue: Mutex<Queues>,
     handovers: AtomicU64,
     reclaimed: AtomicU64,
+    /// A thread that waited this long for a slot stops waiting and runs without one.
+    escape: Option<Duration>,
+    escaped: AtomicU64,
 }
 
 impl Gate {
-    /// A gate with `limit` slots (at least one).
-    pub fn new(limit: usize) -> Gate {
+    /// A gate with `limit` slots (at least one); a thread that waits `escape` for a slot runs
+    /// without one (`None`: waits as long as it takes).
+    pub fn new(limit: usize, escape: Option<Duration>) -> Gate {
         Gate {
+            escape,
+            escaped: AtomicU64::new(0),
             slots: (0..limit.max(1))
                 .map(|_| CachePadded::new(AtomicU64::new(FREE)))
                 .collect(),
@@ -158,11 +187,12 @@ impl Gate {
     }
 
     /// Takes a slot for thread `token`, parking in the queue (behind every earlier waiter of
-    /// its class; resumers before beginners) until one is handed over. Returns its index.
-    /// `queued` runs once the thread is in the queue, before it parks.
-    pub fn acquire(&self, token: u32, resume: bool, queued: impl FnOnce()) -> usize {
+    /// its class; resumers before beginners) until one is handed over. Returns its index, or
+    /// `None` if the thread waited the gate's `escape` time and left the queue (it then runs
+    /// without a slot). `queued` runs once the thread is in the queue, before it parks.
+    pub fn acquire(&self, token: u32, resume: bool, queued: impl FnOnce()) -> Option<usize> {
         if let Some(i) = self.try_fast(token) {
-            return i;
+            return Some(i);
         }
         let me = Arc::new(Waiter {
             thread: current(),
@@ -179,7 +209,7 @@ impl Gate {
                 // Nobody ahead: a free slot or one kept between transactions is ours.
                 if let Some(i) = self.scan(token, true) {
                     self.waiting.fetch_sub(share, SeqCst);
-                    return i;
+                    return Some(i);
                 }
             }
             if resume {
@@ -193,12 +223,37 @@ impl Gate {
             w.thread.unpark();
         }
         queued();
+        let deadline = self.escape.map(|d| Instant::now() + d);
         loop {
             let g = me.granted.load(SeqCst);
             if g != NONE {
-                return g;
+                return Some(g);
             }
-            park();
+            let Some(deadline) = deadline else {
+                park();
+                continue;
+            };
+            let now = Instant::now();
+            if now < deadline {
+                park_timeout(deadline - now);
+                continue;
+            }
+            // Waited too long (threads holding every slot may be waiting for this one
+            // outside the engine): leave the queue, unless a slot came meanwhile.
+            let mut q = self.queue.lock();
+            let g = me.granted.load(SeqCst);
+            if g != NONE {
+                return Some(g);
+            }
+            let q = &mut *q;
+            for list in [&mut q.resume, &mut q.begin] {
+                if let Some(p) = list.iter().position(|w| Arc::ptr_eq(w, &me)) {
+                    list.remove(p);
+                }
+            }
+            self.waiting.fetch_sub(share, SeqCst);
+            self.escaped.fetch_add(1, SeqCst);
+            return None;
         }
     }
 
@@ -342,6 +397,7 @@ impl Gate {
             resuming: resuming as usize,
             handovers: self.handovers.load(SeqCst),
             reclaimed: self.reclaimed.load(SeqCst),
+            escaped: self.escaped.load(SeqCst),
         }
     }
 }

@@ -20,7 +20,9 @@ use std::time::{Duration, Instant};
 use crossbeam_utils::CachePadded;
 
 use super::sync::{
-    current, park, park_timeout, AtomicU64, AtomicUsize, Mutex, Ordering::SeqCst, Thread,
+    current, park, park_timeout, AtomicU64, AtomicUsize, Mutex,
+    Ordering::{Release, SeqCst},
+    Thread,
 };
 
 /// A slot nobody holds.
@@ -291,7 +293,10 @@ impl Gate {
     /// `idle(token, seq)`; returns that word.
     pub fn keep(&self, i: usize, token: u32, seq: u32) -> u64 {
         let w = idle(token, seq);
-        self.slots[i].store(w, SeqCst);
+        // Release is enough: nobody pairs this store with a check of their own (a waiter
+        // that misses it is served at this thread's next end, or by the watchdog), and it
+        // is a plain store on x86, not an exchange, once per transaction.
+        self.slots[i].store(w, Release);
         w
     }
 

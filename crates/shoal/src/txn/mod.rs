@@ -599,8 +599,13 @@ impl<'db> Transaction<'db> {
         let Some(gate) = self.db.inner.gate.as_deref().filter(|_| self.admitted) else {
             return locks.lock(self.id, id, mode, self.timeout);
         };
+        match locks.try_lock(self.id, id, mode) {
+            Err(LockFailure::WouldBlock) => {}
+            r => return r,
+        }
         // The holder most likely runs in another slot and is done within microseconds: a
-        // short spin saves two slot hand-overs (each a wake-up of a parked thread).
+        // short spin saves two slot hand-overs (each a wake-up of a parked thread). Its clock
+        // starts only here: the common, uncontended request reads no clock.
         let spin = crate::admission::LockSpin::new();
         loop {
             match locks.try_lock(self.id, id, mode) {

@@ -1,6 +1,6 @@
 //! Engine options the harness can sweep: the lock table, intent locks, deadlock handling,
-//! victim policy, early lock release, log device latency, log directory and checkpoint
-//! interval. Each is an axis of the sweep only when given on the command line; otherwise the
+//! victim policy, early lock release, log device latency, log directory, checkpoint
+//! interval and admission control. Each is an axis of the sweep only when given on the command line; otherwise the
 //! engine's default holds (and the JSON record still names it in `engine_options`).
 
 use std::path::PathBuf;
@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail};
 use shoal::{
-    DeadlockPolicy, Elr, IntentLockKind, KeyRangeModes, LockTableKind, Options, Victim, WaitStyle,
+    Admission, DeadlockPolicy, Elr, IntentLockKind, KeyRangeModes, LockTableKind, Options, Victim,
+    WaitStyle,
 };
 
 use crate::sweep::{Point, Value};
@@ -159,6 +160,33 @@ pub fn parse_interval(s: &str) -> Result<String, String> {
     Ok(s.trim().to_string())
 }
 
+/// Parses `--admission`: `off`, `auto` or a positive number of running transactions.
+pub fn parse_admission(s: &str) -> Result<String, String> {
+    admission_of(s).map(|_| s.trim().to_ascii_lowercase())
+}
+
+fn admission_of(s: &str) -> Result<Admission, String> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "off" => Ok(Admission::Off),
+        "auto" => Ok(Admission::Auto),
+        n => match n.parse::<usize>() {
+            Ok(n) if n > 0 => Ok(Admission::Limit(n)),
+            _ => Err(format!(
+                "{s:?}: give `off`, `auto` or a number of running transactions (1 or more)"
+            )),
+        },
+    }
+}
+
+/// The command-line name of an admission setting (`off`, `auto` or the number).
+pub fn admission_name(a: Admission) -> String {
+    match a {
+        Admission::Off => "off".into(),
+        Admission::Auto => "auto".into(),
+        Admission::Limit(n) => n.max(1).to_string(),
+    }
+}
+
 /// Parses `--log-latency`: any duration, kept as given for display.
 pub fn parse_latency(s: &str) -> Result<String, String> {
     parse_duration(s).map(|_| s.trim().to_string())
@@ -252,6 +280,15 @@ pub fn apply(p: &Point, o: &mut Options) -> anyhow::Result<()> {
     if let Some(s) = text(p, "lock-timeout")? {
         o.lock_timeout = parse_duration(s).map_err(|e| anyhow!("--lock-timeout: {e}"))?;
     }
+    match p.get("admission") {
+        None => {}
+        Some(Value::Text(s)) => {
+            o.admission = admission_of(s).map_err(|e| anyhow!("--admission: {e}"))?;
+        }
+        // A number alone on the command line may reach here as a number.
+        Some(Value::Int(n)) if *n > 0 => o.admission = Admission::Limit(*n as usize),
+        Some(v) => bail!("option admission: expected off, auto or a number, got {v}"),
+    }
     Ok(())
 }
 
@@ -309,6 +346,7 @@ pub fn describe(o: &Options) -> Vec<(&'static str, Value)> {
             o.checkpoint_interval.map_or_else(|| "off".to_string(), ms),
         ),
         ("lock-timeout", ms(o.lock_timeout)),
+        ("admission", admission_name(o.admission)),
     ];
     let mut out: Vec<(&'static str, Value)> =
         out.into_iter().map(|(n, v)| (n, Value::Text(v))).collect();
@@ -380,5 +418,24 @@ mod tests {
         );
         let bad = Point(vec![("victim", Value::from("kill-nobody"))]);
         assert!(apply(&bad, &mut o).is_err());
+        assert!(d.contains(&("admission", Value::from("auto"))), "{d:?}");
+    }
+
+    #[test]
+    fn admission_parses_off_auto_and_numbers() {
+        for (s, a) in [
+            ("off", Admission::Off),
+            ("auto", Admission::Auto),
+            ("4", Admission::Limit(4)),
+        ] {
+            assert_eq!(parse_admission(s).as_deref(), Ok(s));
+            let mut o = Options::default();
+            apply(&Point(vec![("admission", Value::from(s))]), &mut o).unwrap();
+            assert_eq!(o.admission, a);
+            assert_eq!(admission_name(a), s);
+        }
+        assert!(parse_admission("0").is_err());
+        assert!(parse_admission("-2").is_err());
+        assert!(parse_admission("lots").is_err());
     }
 }

@@ -224,6 +224,13 @@ struct BenchArgs {
     #[arg(long, value_delimiter = ',', value_name = "LIST", value_parser = engine_opts::parse_interval)]
     checkpoint_interval: Option<Vec<String>>,
 
+    /// Load control: how many transactions run at once (`auto`, the default: one per core;
+    /// `off`: no limit, the old behaviour; or a number). Threads past the limit wait in
+    /// begin (counted in their latency); a transaction waiting for a lock or the log does
+    /// not count.
+    #[arg(long, value_delimiter = ',', value_name = "LIST", value_parser = engine_opts::parse_admission)]
+    admission: Option<Vec<String>>,
+
     /// Longest wait for one lock before a transaction aborts (default 2s).
     #[arg(long, value_delimiter = ',', value_name = "LIST", value_parser = engine_opts::parse_latency)]
     lock_timeout: Option<Vec<String>>,
@@ -368,7 +375,7 @@ impl BenchArgs {
         fn names<T: Copy>(v: &Option<Vec<T>>, f: impl Fn(T) -> String) -> Option<Vec<String>> {
             v.as_ref().map(|v| v.iter().map(|x| f(*x)).collect())
         }
-        let engine: [(&'static str, Option<Vec<String>>); 10] = [
+        let engine: [(&'static str, Option<Vec<String>>); 11] = [
             ("lock-table", names(&self.lock_table, LockTableArg::name)),
             ("intent-locks", names(&self.intent_locks, IntentArg::name)),
             (
@@ -381,6 +388,7 @@ impl BenchArgs {
             ("log-latency", self.log_latency.clone()),
             ("checkpoint-interval", self.checkpoint_interval.clone()),
             ("lock-timeout", self.lock_timeout.clone()),
+            ("admission", self.admission.clone()),
             (
                 "log-dir",
                 self.log_dir
@@ -517,6 +525,7 @@ fn bench(args: &BenchArgs) -> anyhow::Result<()> {
             args.checkpoint_interval.is_some(),
             args.lock_timeout.is_some(),
             args.log_dir.is_some(),
+            args.admission.is_some(),
         ];
         if args.doppel.hot_move_every.is_some() || args.doppel.split_top.is_some() {
             anyhow::bail!(

@@ -37,6 +37,7 @@
 
 #![warn(missing_docs)]
 
+pub mod admission;
 mod db;
 pub mod doppel;
 mod error;
@@ -48,6 +49,7 @@ pub mod storage;
 mod txn;
 mod vfs;
 
+pub use admission::{Admission, AdmissionStats};
 pub use db::CheckpointStatus;
 pub use db::{
     ConcurrencyControl, Database, Elr, IntentLockKind, LockTableKind, LogMode, Options,

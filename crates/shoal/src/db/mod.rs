@@ -100,6 +100,8 @@ pub(crate) struct DbInner {
     pub(crate) record_limit: u64,
     /// The Doppel runtime (`cc == Doppel` only).
     pub(crate) doppel: Option<crate::doppel::DoppelHandle>,
+    /// The admission gate (`None` when [`Options::admission`] is off).
+    pub(crate) gate: Option<Arc<crate::admission::Gate>>,
 }
 
 /// What a database opened on a directory holds of it.
@@ -459,7 +461,9 @@ impl Database {
         });
         let doppel = (opts.cc == ConcurrencyControl::Doppel)
             .then(|| crate::doppel::DoppelHandle::new(id, opts.doppel.clone()));
+        let gate = crate::admission::gate(opts.admission);
         let inner = Arc::new(DbInner {
+            gate,
             id,
             opts,
             locks,
@@ -751,6 +755,25 @@ impl Database {
     /// ```
     pub fn lock_table_footprint(&self) -> crate::lock::LockTableFootprint {
         self.inner.locks.footprint()
+    }
+
+    /// A snapshot of the admission gate (`None` when [`Options::admission`] is off): slots,
+    /// running and waiting transactions, hand-overs so far.
+    ///
+    /// ```
+    /// use shoal::{Admission, Database, Options};
+    /// let db = Database::in_memory_with(Options { admission: Admission::Limit(2), ..Options::default() });
+    /// let t = db.create_table("t")?;
+    /// let mut tx = db.begin();
+    /// tx.put(&t, "k", "v")?;
+    /// assert_eq!(db.admission_stats().map(|s| (s.limit, s.running)), Some((2, 1)));
+    /// tx.commit()?;
+    /// // The committing thread keeps its slot for its next transaction.
+    /// assert_eq!(db.admission_stats().map(|s| (s.running, s.kept)), Some((0, 1)));
+    /// # Ok::<(), shoal::Error>(())
+    /// ```
+    pub fn admission_stats(&self) -> Option<crate::AdmissionStats> {
+        self.inner.gate.as_deref().map(crate::admission::stats)
     }
 
     /// Counters of the Doppel runtime (`None` unless the database runs

@@ -189,6 +189,12 @@ pub struct Options {
     pub max_retries: u32,
     /// Parameters of [`ConcurrencyControl::Doppel`] (ignored by the other modes).
     pub doppel: crate::doppel::DoppelOptions,
+    /// Load control: how many transactions run at once; more wait in `begin` (the wait
+    /// counts in their latency), and a transaction waiting for a lock or the log does not
+    /// count. Default: [`Admission::Auto`], one per core. See [`crate::admission`].
+    ///
+    /// [`Admission::Auto`]: crate::Admission::Auto
+    pub admission: crate::Admission,
 }
 
 impl Default for Options {
@@ -213,6 +219,7 @@ impl Default for Options {
             log_segment_size: 64 << 20,
             async_flush_delay: Duration::from_millis(10),
             checkpoint_interval: None,
+            admission: crate::Admission::default(),
         }
     }
 }

@@ -452,10 +452,14 @@ impl Doppel {
 
     /// Waits (briefly) until the phase word is no longer `w`.
     fn wait_while(&self, w: u64) {
-        let mut g = self.gate.lock();
-        if self.word.load(Ordering::SeqCst) == w {
-            self.cv.wait_for(&mut g, Duration::from_millis(1));
-        }
+        // Without an admission slot: the phase change waits for running transactions, which
+        // may need a slot to finish.
+        crate::admission::blocking(|| {
+            let mut g = self.gate.lock();
+            if self.word.load(Ordering::SeqCst) == w {
+                self.cv.wait_for(&mut g, Duration::from_millis(1));
+            }
+        })
     }
 
     fn wake(&self) {

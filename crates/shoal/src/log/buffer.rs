@@ -294,16 +294,19 @@ impl LogBuffer {
             return Ok(());
         }
         sh.wake_flusher();
-        let mut g = sh.wait_lock.lock();
-        loop {
-            if sh.durable.load(Ordering::Acquire) >= end {
-                return Ok(());
+        // A transaction waiting for the log holds no admission slot meanwhile.
+        crate::admission::blocking(|| {
+            let mut g = sh.wait_lock.lock();
+            loop {
+                if sh.durable.load(Ordering::Acquire) >= end {
+                    return Ok(());
+                }
+                if sh.failed.load(Ordering::Acquire) {
+                    return Err(sh.fail_error());
+                }
+                sh.durable_cv.wait_for(&mut g, Duration::from_millis(10));
             }
-            if sh.failed.load(Ordering::Acquire) {
-                return Err(sh.fail_error());
-            }
-            sh.durable_cv.wait_for(&mut g, Duration::from_millis(10));
-        }
+        })
     }
 
     /// Writes out and fsyncs everything inserted so far.

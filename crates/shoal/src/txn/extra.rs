@@ -99,7 +99,7 @@ impl Transaction<'_> {
     fn coarse_lock(&mut self, locks: &[(u32, LockId, LockMode)]) -> Result<()> {
         if let Some(lil) = &self.db.inner.lil {
             for (obj, id, mode) in locks {
-                if let Err(f) = lil.lock(&mut self.intents, *obj, *mode) {
+                if let Err(f) = Self::acquire_intent(lil, &mut self.intents, *obj, *mode) {
                     let e = self.lock_error(id, f);
                     self.fail(&e);
                     return Err(e);

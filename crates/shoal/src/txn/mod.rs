@@ -169,6 +169,10 @@ pub struct Transaction<'db> {
     /// Doppel: the phase this transaction runs in, its split write set and statistics
     /// (`None` under the other modes).
     dop: Option<Box<split::DopTxn>>,
+    /// Admitted through the database's admission gate: its end must be reported.
+    admitted: bool,
+    /// Committed (the end tells the gate, which lets a committing thread keep its slot).
+    committed: bool,
 }
 
 /// Tells when a commit made with [`Transaction::commit_pipelined`] is durable.
@@ -238,6 +242,11 @@ impl CommitTicket {
         let Some(st) = &self.state else {
             return Ok(());
         };
+        // A wait: it holds no admission slot (nor one kept for a next transaction).
+        crate::admission::blocking(|| self.wait_outcome(st))
+    }
+
+    fn wait_outcome(&self, st: &TicketState) -> Result<()> {
         let mut g = st.outcome.lock();
         loop {
             match &*g {
@@ -313,7 +322,14 @@ impl<'db> Transaction<'db> {
         let inner = &db.inner;
         let cc = inner.opts.cc;
         let locking = cc == ConcurrencyControl::TwoPhaseLocking;
-        let serial = (cc == ConcurrencyControl::Serial).then(|| inner.serial.lock());
+        // First of all, so that the wait to run counts in the transaction's latency.
+        let admitted = inner.gate.as_ref().is_some_and(crate::admission::begin);
+        let serial = (cc == ConcurrencyControl::Serial).then(|| {
+            inner
+                .serial
+                .try_lock()
+                .unwrap_or_else(|| crate::admission::blocking(|| inner.serial.lock()))
+        });
         let id = inner
             .next_txn
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -341,6 +357,8 @@ impl<'db> Transaction<'db> {
             )
             .then(Box::default),
             dop: split::DopTxn::begin(db),
+            admitted,
+            committed: false,
         }
     }
 
@@ -534,7 +552,7 @@ impl<'db> Transaction<'db> {
             }
         }
         self.declare_age();
-        match self.db.inner.locks.lock(self.id, &id, mode, self.timeout) {
+        match self.acquire(&id, mode) {
             Ok(m) => {
                 if self.track_tags {
                     self.max_tag = self.max_tag.max(self.db.inner.locks.tag(&id));
@@ -563,13 +581,57 @@ impl<'db> Transaction<'db> {
             return Ok(false);
         }
         self.declare_age();
-        match self.db.inner.locks.lock(self.id, id, mode, self.timeout) {
+        match self.acquire(id, mode) {
             Ok(_) => Ok(true),
             Err(f) => {
                 let e = self.lock_error(id, f);
                 self.fail(&e);
                 Err(e)
             }
+        }
+    }
+
+    /// Requests `mode` on `id` from the lock table: at once if it can be granted, else
+    /// waiting without an admission slot (a waiter must not keep a running slot from the
+    /// transaction it waits for).
+    fn acquire(&self, id: &LockId, mode: LockMode) -> std::result::Result<LockMode, LockFailure> {
+        let locks = &self.db.inner.locks;
+        let Some(gate) = self.db.inner.gate.as_deref().filter(|_| self.admitted) else {
+            return locks.lock(self.id, id, mode, self.timeout);
+        };
+        match locks.try_lock(self.id, id, mode) {
+            Err(LockFailure::WouldBlock) => {}
+            r => return r,
+        }
+        // The holder most likely runs in another slot and is done within microseconds: a
+        // short spin saves two slot hand-overs (each a wake-up of a parked thread). Its clock
+        // starts only here: the common, uncontended request reads no clock.
+        let spin = crate::admission::LockSpin::new();
+        loop {
+            match locks.try_lock(self.id, id, mode) {
+                Err(LockFailure::WouldBlock) if spin.again(gate) => {}
+                Err(LockFailure::WouldBlock) => {
+                    return crate::admission::blocking(|| {
+                        locks.lock(self.id, id, mode, self.timeout)
+                    })
+                }
+                r => return r,
+            }
+        }
+    }
+
+    /// [`acquire`](Self::acquire) for the lightweight intent lock table.
+    fn acquire_intent(
+        lil: &crate::lock::intent::LightweightIntentLocks,
+        mine: &mut PrivateIntents,
+        obj: u32,
+        mode: LockMode,
+    ) -> std::result::Result<(), LockFailure> {
+        match lil.try_lock(mine, obj, mode) {
+            Err(LockFailure::WouldBlock) => {
+                crate::admission::blocking(|| lil.lock(mine, obj, mode))
+            }
+            r => r,
         }
     }
 
@@ -589,7 +651,7 @@ impl<'db> Transaction<'db> {
             // Lightweight intent locks (Kimura §3.2): counters, not lock-table queues.
             // Object 0 is the database, object `t` table `t`.
             for (obj, id) in [(0, LockId::Database), (tid, LockId::Table(tid))] {
-                if let Err(f) = lil.lock(&mut self.intents, obj, mode) {
+                if let Err(f) = Self::acquire_intent(lil, &mut self.intents, obj, mode) {
                     let e = self.lock_error(&id, f);
                     self.fail(&e);
                     return Err(e);
@@ -1245,7 +1307,9 @@ impl<'db> Transaction<'db> {
     /// ```
     pub fn commit(mut self) -> Result<()> {
         let mode = self.commit_mode;
-        self.finish_commit(mode).map(|_| ())
+        let r = self.finish_commit(mode).map(|_| ());
+        self.committed = r.is_ok();
+        r
     }
 
     /// Commits with a flush pipeline (Johnson et al. 2009; Kimura §4.3): returns as soon as
@@ -1268,7 +1332,9 @@ impl<'db> Transaction<'db> {
     /// # }
     /// ```
     pub fn commit_pipelined(mut self) -> Result<CommitTicket> {
-        self.finish_commit(LogMode::Pipelined)
+        let r = self.finish_commit(LogMode::Pipelined);
+        self.committed = r.is_ok();
+        r
     }
 
     /// Chooses how this transaction's commit is acknowledged, overriding
@@ -1466,6 +1532,9 @@ impl Drop for Transaction<'_> {
     fn drop(&mut self) {
         self.finish_abort();
         self.dop_end();
+        if self.admitted {
+            crate::admission::end(self.committed);
+        }
     }
 }
 

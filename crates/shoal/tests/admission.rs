@@ -1,0 +1,239 @@
+//! Admission control through the public API: the slot limit holds for running transactions,
+//! nested transactions share their thread's slot, a transaction waiting for a lock gives its
+//! slot to the transaction it waits for, and `Admission::Off` has no gate. The tests wait for
+//! states (polling `Database::admission_stats`), never for times.
+
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+use shoal::{Admission, ConcurrencyControl, Database, LogMode, Options};
+
+fn until(f: impl Fn() -> bool) {
+    while !f() {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn limited(n: usize, cc: ConcurrencyControl) -> Database {
+    Database::in_memory_with(Options {
+        admission: Admission::Limit(n),
+        cc,
+        lock_timeout: Duration::from_secs(60),
+        ..Options::default()
+    })
+}
+
+#[test]
+fn running_transactions_never_exceed_the_limit() {
+    for cc in [
+        ConcurrencyControl::TwoPhaseLocking,
+        ConcurrencyControl::Optimistic,
+    ] {
+        let db = limited(2, cc);
+        let t = db.create_table("t").unwrap();
+        let inside = Arc::new(AtomicUsize::new(0));
+        let max = Arc::new(AtomicUsize::new(0));
+        std::thread::scope(|s| {
+            for i in 0..8u32 {
+                let (db, t, inside, max) = (&db, &t, &inside, &max);
+                s.spawn(move || {
+                    for n in 0..200u32 {
+                        db.run(|tx| {
+                            // Shared keys: lock waits (which give the slot up) happen too.
+                            tx.add(t, [(n % 3) as u8], 1)?;
+                            tx.put(t, i.to_be_bytes(), n.to_be_bytes())?;
+                            // No wait inside the engine from here to the commit: the
+                            // transaction holds a slot throughout.
+                            let now = inside.fetch_add(1, SeqCst) + 1;
+                            max.fetch_max(now, SeqCst);
+                            std::thread::yield_now();
+                            inside.fetch_sub(1, SeqCst);
+                            Ok(())
+                        })
+                        .unwrap();
+                    }
+                });
+            }
+        });
+        assert!(
+            max.load(SeqCst) <= 2,
+            "{cc:?}: {} ran at once",
+            max.load(SeqCst)
+        );
+        let total: i64 = (0..3u8)
+            .map(|k| db.run(|tx| tx.get_i64(&t, [k])).unwrap().unwrap_or(0))
+            .sum();
+        assert_eq!(total, 8 * 200);
+        let s = db.admission_stats().unwrap();
+        assert_eq!((s.running, s.waiting), (0, 0), "{s:?}");
+    }
+}
+
+#[test]
+fn nested_begin_shares_the_slot_and_never_waits() {
+    let db = limited(1, ConcurrencyControl::TwoPhaseLocking);
+    let other = limited(1, ConcurrencyControl::TwoPhaseLocking);
+    let t = db.create_table("t").unwrap();
+    let u = other.create_table("u").unwrap();
+    let mut outer = db.begin();
+    outer.put(&t, "a", "1").unwrap();
+    // The only slot is this thread's: the nested transactions run in it.
+    let mut inner = db.begin();
+    inner.put(&t, "b", "2").unwrap();
+    let mut elsewhere = other.begin();
+    elsewhere.put(&u, "c", "3").unwrap();
+    assert_eq!(db.admission_stats().unwrap().running, 1);
+    assert_eq!(
+        other.admission_stats().unwrap().running,
+        0,
+        "a transaction nested under another database's runs without a slot"
+    );
+    elsewhere.commit().unwrap();
+    inner.commit().unwrap();
+    outer.commit().unwrap();
+    assert_eq!(db.run(|tx| tx.get(&t, "b")).unwrap(), Some(b"2".to_vec()));
+    // Another thread gets the slot the committed thread kept (nobody waits).
+    std::thread::scope(|s| {
+        s.spawn(|| db.run(|tx| tx.put(&t, "d", "4")).unwrap());
+    });
+}
+
+/// One slot. A holds a lock on `x` and comes back from a lock wait needing its slot while B
+/// runs in it; B then asks for `x`. If B kept its slot while waiting for A's lock, A could
+/// never run again (and B would wait for its lock timeout, a minute here).
+#[test]
+fn a_lock_waiter_gives_its_slot_to_the_holder_it_waits_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Database::open(
+        dir.path(),
+        Options {
+            admission: Admission::Limit(1),
+            log: LogMode::Sync,
+            // The pipelined commit below holds `y` until its flush is durable: long enough
+            // for A to wait on it and for B to begin meanwhile.
+            log_latency: Duration::from_secs(1),
+            lock_timeout: Duration::from_secs(60),
+            ..Options::default()
+        },
+    )
+    .unwrap();
+    let t = db.create_table("t").unwrap();
+    let (db, t) = (&db, &t);
+    let stats = || db.admission_stats().unwrap();
+    // A flush-pipelined commit keeps its lock on `y` (no early lock release) until durable,
+    // without a transaction or a slot.
+    let mut t0 = db.begin();
+    t0.put(t, "y", "0").unwrap();
+    let ticket = t0.commit_pipelined().unwrap();
+    let (a_locked, a_has_x) = mpsc::channel();
+    let (b_running, b_is_running) = mpsc::channel();
+    let (go, b_go) = mpsc::channel::<()>();
+    std::thread::scope(|s| {
+        let a = s.spawn(move || {
+            let mut ta = db.begin();
+            ta.put(t, "x", "a").unwrap();
+            a_locked.send(()).unwrap();
+            // Waits for the pipelined commit's lock on `y`, without a slot.
+            ta.put(t, "y", "a").unwrap();
+            ta.commit()
+        });
+        a_has_x.recv().unwrap();
+        until(|| stats().running == 0); // A gave its slot up for the lock wait
+        let b = s.spawn(move || {
+            let mut tb = db.begin(); // takes the slot
+            b_running.send(()).unwrap();
+            b_go.recv().unwrap();
+            // A holds `x`: B waits, and gives the slot to A.
+            let v = tb.get(t, "x").unwrap();
+            tb.commit().map(|()| v)
+        });
+        b_is_running.recv().unwrap();
+        // The flush ends A's lock wait; A now waits for the slot B holds.
+        until(|| stats().waiting == 1 || a.is_finished());
+        assert!(
+            !a.is_finished(),
+            "the flush ended before B began: scenario missed"
+        );
+        assert_eq!(stats().resuming, 1, "A resumes a transaction");
+        go.send(()).unwrap();
+        a.join().unwrap().unwrap();
+        assert_eq!(b.join().unwrap().unwrap(), Some(b"a".to_vec()));
+    });
+    ticket.wait().unwrap();
+    let s = stats();
+    assert_eq!((s.running, s.waiting), (0, 0), "{s:?}");
+}
+
+#[test]
+fn admission_off_has_no_gate_and_default_is_auto() {
+    let off = Database::in_memory_with(Options {
+        admission: Admission::Off,
+        ..Options::default()
+    });
+    assert!(off.admission_stats().is_none());
+    let t = off.create_table("t").unwrap();
+    // Without a gate any number of transactions run at once.
+    let txs: Vec<_> = (0..64).map(|_| off.begin()).collect();
+    drop(txs);
+    off.run(|tx| tx.put(&t, "k", "v")).unwrap();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    assert_eq!(
+        Database::in_memory().admission_stats().unwrap().limit,
+        cores
+    );
+}
+
+#[test]
+fn many_threads_over_one_slot_all_finish_in_every_mode() {
+    for cc in [
+        ConcurrencyControl::TwoPhaseLocking,
+        ConcurrencyControl::Optimistic,
+        ConcurrencyControl::Serial,
+        ConcurrencyControl::Doppel,
+    ] {
+        let db = limited(1, cc);
+        let t = db.create_table("t").unwrap();
+        std::thread::scope(|s| {
+            for _ in 0..16 {
+                s.spawn(|| {
+                    for _ in 0..50 {
+                        db.run(|tx| tx.add(&t, "n", 1)).unwrap();
+                    }
+                });
+            }
+        });
+        assert_eq!(
+            db.run(|tx| tx.get_i64(&t, "n")).unwrap(),
+            Some(800),
+            "{cc:?}"
+        );
+    }
+}
+
+/// One slot, held by A, whose transaction waits (outside the engine) for B to commit: B
+/// waits for the slot, gives up after `admission::ESCAPE` and runs without one, so the
+/// program finishes instead of deadlocking.
+#[test]
+fn a_thread_waiting_for_a_slot_too_long_runs_without_one() {
+    let db = limited(1, ConcurrencyControl::TwoPhaseLocking);
+    let t = db.create_table("t").unwrap();
+    let (db, t) = (&db, &t);
+    let (b_done, wait_b) = mpsc::channel();
+    std::thread::scope(|s| {
+        let a = s.spawn(move || {
+            let mut ta = db.begin();
+            ta.put(t, "a", "1").unwrap();
+            wait_b.recv().unwrap();
+            ta.commit()
+        });
+        until(|| db.admission_stats().unwrap().running == 1);
+        s.spawn(move || {
+            db.run(|tb| tb.put(t, "b", "1")).unwrap();
+            b_done.send(()).unwrap();
+        });
+        a.join().unwrap().unwrap();
+    });
+    let s = db.admission_stats().unwrap();
+    assert_eq!((s.escaped, s.running, s.waiting), (1, 0, 0), "{s:?}");
+}

@@ -28,8 +28,10 @@
 //! - **Where they are given up**: when the transaction ends (commit, abort or drop), and for
 //!   the length of every wait inside the engine: a lock wait (the lock is first tried without
 //!   waiting, then retried for [`LOCK_SPIN`], since its holder most likely runs in another
-//!   slot and is done within microseconds; only then does the request give its slot up
-//!   around the blocking call: a spin-then-block that saves two hand-overs per short wait),
+//!   slot and is done within microseconds; only then does the request wait: in its slot
+//!   while at least one other slot stays with a thread that is not waiting for a lock and
+//!   no resumer waits, which keeps a hot lock's queue as short as the slot count instead
+//!   of a convoy of parked threads, else giving its slot up around the blocking call),
 //!   a wait for the log to be durable (sync commits, safe SX-ELR read-only commits), a
 //!   Doppel `begin` waiting for a phase change, and the serial mode's mutex. A thread that
 //!   comes back from a wait queues as a *resumer*: resumers are served before threads that
@@ -507,6 +509,18 @@ mod tests {
         while !f() {
             std::thread::sleep(Duration::from_millis(1));
         }
+    }
+
+    #[test]
+    fn lock_waiters_keep_slots_only_while_one_slot_stays_with_a_runner() {
+        let one = Gate::new(1, None);
+        assert!(!one.wait_in_slot(), "one slot: a waiter always gives it up");
+        let g = Gate::new(3, None);
+        assert!(g.wait_in_slot());
+        assert!(g.wait_in_slot());
+        assert!(!g.wait_in_slot(), "the third slot stays with a runner");
+        g.end_wait_in_slot();
+        assert!(g.wait_in_slot());
     }
 
     #[test]

@@ -237,3 +237,48 @@ fn a_thread_waiting_for_a_slot_too_long_runs_without_one() {
     let s = db.admission_stats().unwrap();
     assert_eq!((s.escaped, s.running, s.waiting), (1, 0, 0), "{s:?}");
 }
+
+/// With more than one slot, a lock waiter keeps its slot while one slot stays with a thread
+/// that is not waiting for a lock. Hot-key increments under 2PL, with commits that wait for
+/// the log (so lock holders come back from log waits and need a slot again): everything
+/// finishes, and no thread had to escape the gate, which is how a slot/lock deadlock would
+/// have ended.
+#[test]
+fn lock_waiters_that_keep_their_slot_never_block_the_holder() {
+    for slots in [2, 3] {
+        for log in [LogMode::Sync, LogMode::Pipelined] {
+            let dir = tempfile::tempdir().unwrap();
+            let db = Database::open(
+                dir.path(),
+                Options {
+                    admission: Admission::Limit(slots),
+                    log,
+                    lock_timeout: Duration::from_secs(60),
+                    ..Options::default()
+                },
+            )
+            .unwrap();
+            let t = db.create_table("t").unwrap();
+            std::thread::scope(|s| {
+                for _ in 0..12 {
+                    s.spawn(|| {
+                        for _ in 0..40 {
+                            db.run(|tx| {
+                                tx.add(&t, "hot", 1)?;
+                                tx.add(&t, "other", 1)
+                            })
+                            .unwrap();
+                        }
+                    });
+                }
+            });
+            assert_eq!(
+                db.run(|tx| tx.get_i64(&t, "hot")).unwrap(),
+                Some(480),
+                "{slots} slots, {log:?}"
+            );
+            let st = db.admission_stats().unwrap();
+            assert_eq!(st.escaped, 0, "{slots} slots, {log:?}: {st:?}");
+        }
+    }
+}

@@ -135,6 +135,8 @@ pub struct Gate {
     /// A thread that waited this long for a slot stops waiting and runs without one.
     escape: Option<Duration>,
     escaped: AtomicU64,
+    /// Slot holders parked in a lock wait that kept their slot ([`Gate::wait_in_slot`]).
+    lock_waiters: CachePadded<AtomicUsize>,
 }
 
 impl Gate {
@@ -151,7 +153,32 @@ impl Gate {
             queue: Mutex::new(Queues::default()),
             handovers: AtomicU64::new(0),
             reclaimed: AtomicU64::new(0),
+            lock_waiters: CachePadded::new(AtomicUsize::new(0)),
         }
+    }
+
+    /// Lets a slot holder wait for a lock without giving its slot up, if that leaves at
+    /// least one slot held by a thread that is not waiting for a lock; returns whether it
+    /// may ([`end_wait_in_slot`](Self::end_wait_in_slot) must follow). The one slot kept free
+    /// of lock waiters is what every lock holder that has to take a slot back (a resumer)
+    /// eventually gets, so a waiter that keeps its slot cannot starve the holder it waits for.
+    pub fn wait_in_slot(&self) -> bool {
+        let cap = self.limit() - 1;
+        let mut n = self.lock_waiters.load(SeqCst);
+        loop {
+            if n >= cap {
+                return false;
+            }
+            match self.lock_waiters.compare_exchange(n, n + 1, SeqCst, SeqCst) {
+                Ok(_) => return true,
+                Err(now) => n = now,
+            }
+        }
+    }
+
+    /// Ends a lock wait that [`wait_in_slot`](Self::wait_in_slot) admitted.
+    pub fn end_wait_in_slot(&self) {
+        self.lock_waiters.fetch_sub(1, SeqCst);
     }
 
     /// The number of slots.

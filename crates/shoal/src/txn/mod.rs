@@ -49,10 +49,16 @@ use crate::lock::{LockFailure, LockId, LockMode, TxnId};
 use crate::log::record::{LogRecord, Write as LogWrite};
 use crate::storage::btree::Record;
 
+mod epoch;
 mod extra;
 pub(crate) mod occ;
 pub(crate) mod reclaim;
 mod split;
+
+/// The atomics `epoch` uses (std's here; shuttle's in the model-checking test).
+mod epoch_sync {
+    pub(super) use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+}
 
 /// Entries read from the tree per scan round; each round is locked and validated on its own.
 const SCAN_CHUNK: usize = 256;

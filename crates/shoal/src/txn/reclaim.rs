@@ -27,39 +27,24 @@
 //! by a committer is retried later; one written again is dropped from the list (a later
 //! delete lists it anew).
 
-use std::cell::Cell;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::SeqCst};
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 
-use crossbeam_utils::CachePadded;
 use parking_lot::Mutex;
 
+use super::epoch::Epochs;
+pub(crate) use super::epoch::Pin;
 use super::occ::LOCK_BIT;
 use crate::db::Table;
 use crate::lock::{LockId, LockTable};
 
 /// Epoch slots: one per concurrently running optimistic transaction. More transactions than
-/// this at once are counted in `overflow`, which holds every ghost back while it is non-zero
-/// (safe, and only under thousands of concurrent transactions).
+/// this at once are counted apart, which holds every ghost back while they run (safe, and
+/// only under hundreds of concurrent transactions).
 const SLOTS: usize = 256;
-
-/// A slot's value when no transaction holds it (epochs start at 1).
-const IDLE: u64 = 0;
 
 /// Deferred two-phase-locking ghosts retried per transaction release.
 const RETRY_PER_RELEASE: usize = 16;
-
-thread_local! {
-    /// The slot this thread claimed last: usually free again for its next transaction.
-    static SLOT_HINT: Cell<usize> = const { Cell::new(0) };
-}
-
-/// A transaction's epoch pin; give it back with [`Reclaim::unpin`].
-#[derive(Debug)]
-pub(crate) enum Pin {
-    Slot(usize),
-    Overflow,
-}
 
 /// A ghost installed by an optimistic commit, removable once epoch `tag` is over.
 struct Retired {
@@ -72,11 +57,7 @@ struct Retired {
 
 /// The database's ghost reclamation state (see the module documentation).
 pub(crate) struct Reclaim {
-    epoch: AtomicU64,
-    slots: Box<[CachePadded<AtomicU64>]>,
-    /// Slots at or above this index have never been claimed.
-    used: AtomicUsize,
-    overflow: AtomicUsize,
+    epochs: Epochs,
     /// Optimistic ghosts waiting for their epoch to end, roughly in tag order.
     retired: Mutex<VecDeque<Retired>>,
     retired_len: AtomicUsize,
@@ -88,12 +69,7 @@ pub(crate) struct Reclaim {
 impl Default for Reclaim {
     fn default() -> Self {
         Reclaim {
-            epoch: AtomicU64::new(1),
-            slots: (0..SLOTS)
-                .map(|_| CachePadded::new(AtomicU64::new(IDLE)))
-                .collect(),
-            used: AtomicUsize::new(0),
-            overflow: AtomicUsize::new(0),
+            epochs: Epochs::new(SLOTS),
             retired: Mutex::new(VecDeque::new()),
             retired_len: AtomicUsize::new(0),
             deferred: Mutex::new(VecDeque::new()),
@@ -105,49 +81,12 @@ impl Default for Reclaim {
 impl Reclaim {
     /// Pins the current epoch for an optimistic transaction that is about to start reading.
     pub(crate) fn pin(&self) -> Pin {
-        let e = self.epoch.load(SeqCst);
-        let hint = SLOT_HINT.with(Cell::get);
-        let order = std::iter::once(hint % SLOTS).chain(0..SLOTS);
-        for i in order {
-            // Publish the slot's index to collectors before the slot can hold a pin.
-            if self.used.load(SeqCst) <= i {
-                self.used.fetch_max(i + 1, SeqCst);
-            }
-            if self.slots[i]
-                .compare_exchange(IDLE, e, SeqCst, SeqCst)
-                .is_ok()
-            {
-                SLOT_HINT.with(|h| h.set(i));
-                return Pin::Slot(i);
-            }
-        }
-        self.overflow.fetch_add(1, SeqCst);
-        Pin::Overflow
+        self.epochs.pin()
     }
 
     /// Ends a pin taken by [`pin`](Self::pin).
     pub(crate) fn unpin(&self, pin: Pin) {
-        match pin {
-            Pin::Slot(i) => self.slots[i].store(IDLE, SeqCst),
-            Pin::Overflow => {
-                self.overflow.fetch_sub(1, SeqCst);
-            }
-        }
-    }
-
-    /// The oldest epoch a running optimistic transaction may have pinned (`u64::MAX` if
-    /// none runs).
-    fn oldest_pinned(&self) -> u64 {
-        if self.overflow.load(SeqCst) > 0 {
-            return 0;
-        }
-        let used = self.used.load(SeqCst).min(SLOTS);
-        self.slots[..used]
-            .iter()
-            .map(|s| s.load(SeqCst))
-            .filter(|&e| e != IDLE)
-            .min()
-            .unwrap_or(u64::MAX)
+        self.epochs.unpin(pin);
     }
 
     /// Lists the ghosts an optimistic commit just installed (`(table, key, delete TID)`):
@@ -157,7 +96,7 @@ impl Reclaim {
         if ghosts.is_empty() {
             return;
         }
-        let tag = self.epoch.fetch_add(1, SeqCst);
+        let tag = self.epochs.advance();
         let mut q = self.retired.lock();
         q.extend(ghosts.into_iter().map(|(table, key, tid)| Retired {
             tag,
@@ -174,7 +113,7 @@ impl Reclaim {
         if self.retired_len.load(SeqCst) == 0 {
             return;
         }
-        let oldest = self.oldest_pinned();
+        let oldest = self.epochs.oldest_pinned();
         let ready: Vec<Retired> = {
             let mut q = self.retired.lock();
             let mut ready = Vec::new();

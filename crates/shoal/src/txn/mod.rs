@@ -12,7 +12,8 @@
 //!   into that gap; a lock table that names key values can lock an absent value directly;
 //! - updates, deletes and integer operations take XN on the key. A delete turns the record into
 //!   a ghost; ghosts are removed after the deleting (or aborting) transaction has released its
-//!   locks, and only when no transaction holds or waits for a lock on that key;
+//!   locks, and only when no transaction holds or waits for a lock on that key (one whose lock
+//!   is still busy then is deferred and retried by later transactions: [`reclaim`]);
 //! - an insert of a new key (Algorithm 1) takes XN on the key, then an instant-duration NX on
 //!   the prior key (or the table's `-infinity` fence) to check that no scan protects the gap,
 //!   re-checks that the prior key is still the predecessor, creates the record and releases NX.

@@ -72,7 +72,10 @@
 //! Removal needs no version bump for the validator: validation compares each read's TID and
 //! each scanned range's keys and TIDs with the tree, so a transaction that pinned later and
 //! saw the ghost finds it gone and aborts (conservatively), and one that pinned earlier holds
-//! the removal back. A commit's own placeholder is removed at once, when that commit aborts
+//! the removal back. Commit TIDs are chosen above the TID of every ghost removed so far
+//! (`Reclaim::tid_floor`): TIDs here are not epoch-numbered as in Silo, so without that a key
+//! inserted again after its ghost went could carry the ghost's TID, and a reader that saw the
+//! ghost would miss the change. A commit's own placeholder is removed at once, when that commit aborts
 //! or when it deletes a key that did not exist, since nobody can have read the placeholder
 //! unlocked.
 
@@ -668,7 +671,10 @@ impl Transaction<'_> {
             return Err(conflict(self.id, d));
         }
         // (3) The commit TID.
-        let mut max = LAST_TID.with(Cell::get);
+        // Above every removed ghost's TID too (see `Reclaim::tid_floor`).
+        let mut max = LAST_TID
+            .with(Cell::get)
+            .max(self.db.inner.reclaim.tid_floor());
         for r in &st.reads {
             if let Seen::Tid(t) = r.seen {
                 max = max.max(t);
@@ -1047,6 +1053,45 @@ mod tests {
         assert_eq!(db.run(|tx| tx.get(&t, "x")).unwrap(), None);
         assert_eq!(tid_of(&db, "t", b"x"), None);
         assert_eq!(db.debug_ghost_backlog(), (0, 0));
+    }
+
+    /// A ghost seen by a scan (of a transaction that began after the delete, so it does not
+    /// hold the ghost back) is removed, and the key is inserted again by a committer whose
+    /// reads would give it the ghost's very TID: the scan's validation must still see the
+    /// change (found by the phantom test: two scans in one committed transaction differed).
+    #[test]
+    fn a_reinserted_key_never_reuses_a_removed_ghosts_tid() {
+        let db = db();
+        let t = db.create_table("t").unwrap();
+        db.run(|tx| tx.put(&t, "k", "1")).unwrap();
+        for _ in 0..50 {
+            db.run(|tx| tx.put(&t, "a", "x")).unwrap();
+        }
+        // An older transaction keeps the ghost until the reader below has seen it.
+        let mut older = db.begin();
+        older.get(&t, "zz").unwrap();
+        db.run(|tx| tx.delete(&t, "k")).unwrap();
+        let ghost = tid_of(&db, "t", b"k").unwrap();
+        assert_eq!(tid_of(&db, "t", b"a"), Some(ghost - 1));
+        let mut r = db.begin();
+        assert_eq!(r.scan(&t, "j".."l").unwrap(), Vec::new());
+        // The older one ends: the ghost goes (the reader began after the delete).
+        older.commit().unwrap();
+        assert_eq!(tid_of(&db, "t", b"k"), None);
+        // A fresh thread (no commit TID of its own yet) reads "a" (TID `ghost - 1`) and
+        // inserts "k": without the floor its TID would be `ghost` again.
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                db.run(|tx| {
+                    tx.get(&t, "a")?;
+                    tx.insert(&t, "k", "2")
+                })
+                .unwrap();
+            });
+        });
+        assert!(tid_of(&db, "t", b"k").unwrap() > ghost);
+        assert_eq!(r.scan(&t, "j".."l").unwrap().len(), 1);
+        assert!(is_conflict(r.commit()));
     }
 
     /// A queue under OCC: inserts at the tail, deletes at the head, with a reader scanning

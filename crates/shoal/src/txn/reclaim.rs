@@ -23,12 +23,14 @@
 //! mutex to the collector; atomics are sequentially consistent anyway.) Transactions that
 //! pinned later may see the ghost and then not find it: validation compares TIDs and scanned
 //! key sets, so that shows as a change and aborts them, conservatively. A ghost is removed
-//! only if it is still the same ghost (ghost bit, the delete's TID, no lock bit); one locked
+//! only if it is still the same ghost (ghost bit, the delete's TID, no lock bit), and commit
+//! TIDs stay above the TIDs of removed ghosts ([`Reclaim::tid_floor`]), so a key inserted
+//! again never repeats the TID a reader saw on its ghost; one locked
 //! by a committer is retried later; one written again is dropped from the list (a later
 //! delete lists it anew).
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::SeqCst};
 
 use parking_lot::Mutex;
 
@@ -58,6 +60,9 @@ struct Retired {
 /// The database's ghost reclamation state (see the module documentation).
 pub(crate) struct Reclaim {
     epochs: Epochs,
+    /// The largest delete TID of an optimistic ghost removed so far: commit TIDs are chosen
+    /// above it (see [`tid_floor`](Self::tid_floor)).
+    removed_tid: AtomicU64,
     /// Optimistic ghosts waiting for their epoch to end, roughly in tag order.
     retired: Mutex<VecDeque<Retired>>,
     retired_len: AtomicUsize,
@@ -70,6 +75,7 @@ impl Default for Reclaim {
     fn default() -> Self {
         Reclaim {
             epochs: Epochs::new(SLOTS),
+            removed_tid: AtomicU64::new(0),
             retired: Mutex::new(VecDeque::new()),
             retired_len: AtomicUsize::new(0),
             deferred: Mutex::new(VecDeque::new()),
@@ -123,6 +129,10 @@ impl Reclaim {
             self.retired_len.store(q.len(), SeqCst);
             ready
         };
+        // Raise the floor before any of these ghosts goes (see `tid_floor`).
+        if let Some(max) = ready.iter().map(|r| r.tid).max() {
+            self.removed_tid.fetch_max(max, SeqCst);
+        }
         let mut again = Vec::new();
         for r in ready {
             let mut busy = false;
@@ -179,6 +189,18 @@ impl Reclaim {
             q.extend(busy);
             self.deferred_len.store(q.len(), SeqCst);
         }
+    }
+
+    /// A lower bound for optimistic commit TIDs: every ghost removed so far had a smaller
+    /// TID. Without it, a key could lose its ghost (TID `t`) and be inserted again by a
+    /// committer that read nothing newer than `t - 1`, so with TID `t` again; a transaction
+    /// that saw the ghost (it began after the delete, so it does not hold the ghost back)
+    /// and then the new record would find the same TID at validation and miss the change.
+    /// Silo's epoch-numbered TIDs rule that out; here the collector raises the floor before
+    /// it takes the leaf latch to remove a ghost, and an inserter creates its placeholder
+    /// under that latch afterwards and reads the floor after that, so its TID is larger.
+    pub(crate) fn tid_floor(&self) -> u64 {
+        self.removed_tid.load(SeqCst)
     }
 
     /// Ghosts waiting: (optimistic, two-phase locking). For tests and diagnostics.

@@ -81,6 +81,8 @@ pub(crate) struct DbInner {
     pub(crate) locks: Arc<dyn LockTable>,
     pub(crate) lil: Option<Arc<LightweightIntentLocks>>,
     pub(crate) next_txn: AtomicU64,
+    /// Ghost reclamation: the deferred two-phase-locking ghosts and the optimistic epochs.
+    pub(crate) reclaim: Arc<crate::txn::reclaim::Reclaim>,
     pub(crate) serial: Mutex<()>,
     pub(crate) tables: RwLock<HashMap<String, Table>>,
     /// The same tables by id, append-only: a transaction borrows its tables from here for the
@@ -469,6 +471,7 @@ impl Database {
             locks,
             lil,
             next_txn: AtomicU64::new(1),
+            reclaim: Arc::default(),
             serial: Mutex::new(()),
             by_id: TableSlots::with(tables.values()),
             tables: RwLock::new(tables),
@@ -820,6 +823,27 @@ impl Database {
     #[doc(hidden)]
     pub fn debug_index_len(&self, name: &str) -> Result<usize> {
         Ok(self.table(name)?.inner.tree.len())
+    }
+
+    /// The shape of a table's index: nodes, entries and ghosts (for tests of ghost removal
+    /// and merges).
+    #[doc(hidden)]
+    pub fn debug_index_stats(&self, name: &str) -> Result<crate::storage::btree::TreeStats> {
+        Ok(self.table(name)?.inner.tree.stats())
+    }
+
+    /// Checks the structure of a table's index ([`BTree::check_invariants`]): `Ok(Err(..))`
+    /// describes the first violation.
+    #[doc(hidden)]
+    pub fn debug_index_check(&self, name: &str) -> Result<std::result::Result<(), String>> {
+        Ok(self.table(name)?.inner.tree.check_invariants())
+    }
+
+    /// Ghosts waiting for removal: (optimistic ones waiting for their epoch to end,
+    /// two-phase-locking ones whose lock was busy). For tests of ghost removal.
+    #[doc(hidden)]
+    pub fn debug_ghost_backlog(&self) -> (usize, usize) {
+        self.inner.reclaim.pending()
     }
 
     /// Runs `f` in a transaction and commits it, retrying the whole transaction with

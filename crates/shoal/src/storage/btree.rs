@@ -6,7 +6,18 @@
 //! optimistically (read latches on inner nodes, a write latch on the leaf only) and restart
 //! with write-latch coupling and preemptive top-down splits only when the leaf is full and the
 //! operation may insert. The root node is never replaced: a root split moves its contents
-//! into two new children, so no separate root-pointer latch exists.
+//! into two new children, and a root left with one child takes that child's contents, so no
+//! separate root-pointer latch exists.
+//!
+//! Merges: a removal that leaves a leaf empty, or just below a quarter full, merges it with a
+//! sibling after the fact, top-down with write-latch coupling (`BTree::rebalance`): each
+//! underfull node on the path moves into or absorbs an adjacent sibling under the parent's
+//! latch when both fit in one node (with a quarter to spare, against split-merge
+//! oscillation; an empty node always goes), and the root collapses when it has one child.
+//! So a queue-like table, inserting at one end and deleting at the other, keeps a bounded
+//! number of nodes, and a scan from the start of the range meets no run of empty leaves.
+//! A removed node is marked dead and kept on a free list that splits reuse: [`LeafHint`]s
+//! and pinned borrows name nodes by address, so no node's memory is freed before its tree.
 //!
 //! Fence keys (Kimura et al. 2012 §2.2, after Graefe): every node stores a low fence
 //! (inclusive, `None` = -infinity) and a high fence (exclusive, `None` = +infinity), copies of
@@ -17,17 +28,22 @@
 //!
 //! Leaf hints: [`BTree::get_hinted`] and [`BTree::update_hinted`] return a [`LeafHint`] for
 //! the leaf they ended in and take one back, trying that leaf first (latch it, check it is
-//! still a leaf whose fences hold the key) before a root-to-leaf descent. Fence keys make the
-//! check sound without sibling pointers or node versions (see `Leaf::covers`); the optimistic
+//! still a live leaf whose fences hold the key) before a root-to-leaf descent. Fence keys make
+//! the check sound without sibling pointers or node versions (see `Leaf::covers`); a merged
+//! node is dead (or reused with new fences), which the same check rejects. The optimistic
 //! concurrency control keeps a hint per read and write, as Silo keeps record pointers.
 //!
 //! Ghost records are ordinary records with the ghost bit set; the transaction layer owns the
 //! bit and removes ghosts when no transaction can need them.
 //!
-//! Deviations: no node merges (removing records can leave leaves underfull or empty; lookups
-//! and scans handle empty leaves); reader-writer latches rather than optimistic lock coupling,
-//! whose version validation would also remove the shared-latch cache-line traffic on the upper
-//! levels — future work.
+//! Deviations: merges are not guaranteed: an underfull node whose siblings are too full to
+//! take it stays as it is (no redistribution of entries between siblings), and a leaf that
+//! is underfull but not empty is tried only when it crosses the threshold, so underfull and
+//! (rarely, next to a full sibling) empty nodes can remain; lookups and scans handle them.
+//! Dead nodes are recycled, not freed, so the tree keeps the memory of its largest size in
+//! node shells (about 200 bytes each; their entries are freed). Reader-writer latches rather
+//! than optimistic lock coupling, whose version validation would also remove the
+//! shared-latch cache-line traffic on the upper levels — future work.
 
 use std::cmp::Ordering;
 use std::ops::Bound;
@@ -35,7 +51,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::sync::Arc;
 
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
 
 /// One record: the value bytes, the ghost bit and the TID word. A ghost is a logically deleted
 /// record whose key still takes part in key-range locking (2PL) or carries the TID of the
@@ -263,6 +279,11 @@ struct Inner {
 enum Node {
     Leaf(Leaf),
     Inner(Inner),
+    /// A node removed from the tree by a merge (or a root collapse). Its allocation stays
+    /// on the tree's free list until a split reuses it or the tree is dropped, so a stale
+    /// [`LeafHint`] still names valid memory; a hinted access sees `Dead` (or a reused node
+    /// whose fences it checks) and descends from the root instead.
+    Dead,
 }
 
 impl Inner {
@@ -281,6 +302,11 @@ impl Inner {
     fn insert_sep(&mut self, i: usize, sep: Sep) {
         self.heads.0.insert(i, sep.key.prefix());
         self.seps.insert(i, sep);
+    }
+
+    fn remove_sep(&mut self, i: usize) -> Sep {
+        self.heads.0.remove(i);
+        self.seps.remove(i)
     }
 
     fn child(&self, i: usize) -> &NodeRef {
@@ -318,11 +344,13 @@ impl Leaf {
     /// `high` drops to the separator in the same critical section that moves the entries at
     /// or above it into the new right sibling, whose fences are set before the parent
     /// publishes it), every record sits in the leaf whose fences hold its key
-    /// ([`BTree::check_invariants`]), and no leaf is ever removed or merged, so no stale
-    /// leaf keeps fences that another leaf now covers. The one node that stops being a leaf
-    /// is the root (a root split moves its contents, fences included, into a new child), and
-    /// then it is an inner node, which a hinted access checks first. If merges or node
-    /// removal are ever added, hints must learn to detect a dead leaf.
+    /// ([`BTree::check_invariants`]), and a merge widens the surviving leaf's fences in the
+    /// same critical section (both leaves and the parent write-latched) that moves the other
+    /// leaf's entries over and marks it [`Node::Dead`], so no *live* leaf keeps fences that
+    /// another leaf now covers. A hinted access therefore checks that the node is a live
+    /// leaf first: a dead node, the root while it is an inner node, or an inner node that a
+    /// recycled allocation became, fail that check. A recycled node that is a leaf again
+    /// has the fences of its new place, which is all `covers` relies on.
     #[inline]
     fn covers(&self, key: &Probe<'_>) -> bool {
         self.low.as_ref().is_none_or(|lo| lo.le(key))
@@ -381,6 +409,29 @@ pub struct BTree {
     /// Unique among all trees this process ever makes ([`NEXT_TREE_ID`]): a [`LeafHint`] is
     /// honoured only by the tree with its id.
     id: u64,
+    /// Nodes that merges took out of the tree, all [`Node::Dead`]: kept allocated (hints and
+    /// pinned borrows may still name them) and reused by splits, so their number is bounded
+    /// by the most nodes the tree ever had at once.
+    free: Mutex<Vec<NodeRef>>,
+}
+
+/// The shape of a [`BTree`], from [`BTree::stats`] (for tests and diagnostics).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TreeStats {
+    /// Entries, ghosts included.
+    pub entries: usize,
+    /// Entries with the ghost bit set.
+    pub ghosts: usize,
+    /// Leaves reachable from the root.
+    pub leaves: usize,
+    /// Leaves without entries (only the root, or a leaf with no sibling to merge with).
+    pub empty_leaves: usize,
+    /// Inner nodes reachable from the root.
+    pub inner: usize,
+    /// Levels, leaves included.
+    pub height: usize,
+    /// Dead nodes kept for reuse.
+    pub free: usize,
 }
 
 /// The id of the next [`BTree`]. Ids are never reused (a `u64` does not wrap in practice).
@@ -463,7 +514,38 @@ impl BTree {
             leaf_cap: leaf_cap.max(3),
             inner_cap: inner_cap.max(3),
             id: NEXT_TREE_ID.fetch_add(1, AtomicOrdering::Relaxed),
+            free: Mutex::new(Vec::new()),
         }
+    }
+
+    /// A node for `n`: a dead one from the free list if any (its latch is free or held only
+    /// briefly by a stale hint's check, which then sees the new contents), else a new one.
+    fn alloc(&self, n: Node) -> NodeRef {
+        let reused = self.free.lock().pop();
+        match reused {
+            Some(r) => {
+                *r.write() = n;
+                r
+            }
+            None => Arc::new(RwLock::new(n)),
+        }
+    }
+
+    /// Puts a node that is no longer reachable (already [`Node::Dead`]) on the free list.
+    fn retire(&self, n: NodeRef) {
+        debug_assert!(matches!(&*n.read(), Node::Dead));
+        self.free.lock().push(n);
+    }
+
+    /// Fewest entries of a leaf that is not underfull: a leaf that drops below merges with a
+    /// sibling when their entries fit in one leaf with room to spare.
+    fn min_leaf(&self) -> usize {
+        (self.leaf_cap / 4).max(1)
+    }
+
+    /// Fewest separators of an inner node that is not underfull.
+    fn min_inner(&self) -> usize {
+        (self.inner_cap / 4).max(1)
     }
 
     /// The hint for `leaf`, a node of this tree.
@@ -482,10 +564,12 @@ impl BTree {
         // SAFETY: ids are unique per tree (`NEXT_TREE_ID`; a `BTree` is neither `Clone` nor
         // rebuilt in place), so `h` was made by `self.hint` from a `&RwLock<Node>` that was a
         // node of this tree (the root, or a node borrowed through `pin`). As the SAFETY
-        // comment on `pin` explains, no node is freed before its tree, and moving the `BTree`
-        // value does not move its nodes (each sits in its own `Arc` allocation). `&self`
-        // keeps the tree, hence the node, alive for the returned borrow. The node is only
-        // ever accessed through shared references (its latch provides the mutability).
+        // comment on `pin` explains, no node is freed before its tree (a merged node stays
+        // allocated on the free list), and moving the `BTree` value does not move its nodes
+        // (each sits in its own `Arc` allocation). `&self` keeps the tree, hence the node,
+        // alive for the returned borrow. The node is only ever accessed through shared
+        // references (its latch provides the mutability); it may be dead or reused, which
+        // the callers check under its latch.
         Some(unsafe { h.leaf.as_ref() })
     }
 
@@ -495,11 +579,16 @@ impl BTree {
     #[inline]
     fn pin<'t>(&'t self, node: &NodeRef) -> &'t RwLock<Node> {
         // SAFETY: `node` was read from a node of this tree under its latch. No node of a tree
-        // is ever dropped before the tree: nodes are never merged or removed, a split moves
-        // the `Arc`s it splits off into the new sibling (`split_off`), and a root split moves
-        // the root's old contents into a new child; `Arc`s leave `seps` vectors only by
-        // moving. So the tree holds a strong reference to `node`'s allocation until the tree
-        // itself is dropped, which cannot happen while `&'t self` is borrowed.
+        // is ever dropped before the tree: a split moves the `Arc`s it splits off into the
+        // new sibling (`split_off`), a root split moves the root's old contents into a new
+        // child, a merge moves the `Arc`s of the dead node's children into the survivor and
+        // the dead node's own `Arc` onto the free list (`retire`), a root collapse moves the
+        // child's contents into the root and the child onto the free list, and a node leaves
+        // the free list only to be linked into the tree again (`alloc`). `Arc`s leave `seps`
+        // vectors only by moving. So the tree holds a strong reference to `node`'s allocation
+        // until the tree itself is dropped, which cannot happen while `&'t self` is borrowed.
+        // (The node may die while the borrow lasts; whoever latches it again through the
+        // borrow without its parent, hints only, checks for that.)
         unsafe { &*Arc::as_ptr(node) }
     }
 
@@ -564,6 +653,7 @@ impl BTree {
                     return (r, node);
                 }
                 Node::Inner(n) => self.pin(n.child(n.child_index(key))),
+                Node::Dead => unreachable_leaf(),
             };
             node = child;
             g = child.read();
@@ -629,7 +719,12 @@ impl BTree {
                 match &mut *w {
                     Node::Leaf(l) if l.covers(key) => {
                         if !l.may_split(key, self.leaf_cap) {
-                            return (self.apply(l, key, f), self.hint(node));
+                            let (r, shrank) = self.apply(l, key, f);
+                            drop(w);
+                            if shrank {
+                                self.rebalance(key);
+                            }
+                            return (r, self.hint(node));
                         }
                         f
                     }
@@ -648,18 +743,27 @@ impl BTree {
         key: &Probe<'_>,
         f: impl FnOnce(&mut Option<Record>, Option<Option<&[u8]>>) -> R,
     ) -> (R, &RwLock<Node>) {
-        match self.update_optimistic(key, f) {
+        let (r, leaf, shrank) = match self.update_optimistic(key, f) {
             Ok(r) => r,
             Err(f) => self.update_pessimistic(key, f),
+        };
+        // No latch is held here: merging takes its own, from the root down.
+        if shrank {
+            self.rebalance(key);
         }
+        (r, leaf)
     }
 
+    /// Runs `f` on `key`'s slot in `l`; also says whether it removed an entry and so left
+    /// the leaf empty or just below [`min_leaf`](Self::min_leaf) entries (then the caller
+    /// calls [`rebalance`](Self::rebalance) once it has released its latches). Only those
+    /// two crossings ask, so a leaf that cannot merge is not retried on every removal.
     fn apply<R>(
         &self,
         l: &mut Leaf,
         key: &Probe<'_>,
         f: impl FnOnce(&mut Option<Record>, Option<Option<&[u8]>>) -> R,
-    ) -> R {
+    ) -> (R, bool) {
         let found = l.search(key);
         let i = match found {
             Ok(i) | Err(i) => i,
@@ -679,12 +783,16 @@ impl BTree {
                 let mut slot = Some(std::mem::take(&mut e.rec));
                 let r = f(&mut slot, prior);
                 match slot {
-                    Some(rec) => e.rec = rec,
+                    Some(rec) => {
+                        e.rec = rec;
+                        (r, false)
+                    }
                     None => {
                         l.remove(i);
+                        let n = l.ents.len();
+                        (r, n == 0 || n + 1 == self.min_leaf())
                     }
                 }
-                r
             }
             Err(i) => {
                 let mut slot = None;
@@ -698,41 +806,46 @@ impl BTree {
                         },
                     );
                 }
-                r
+                (r, false)
             }
         }
     }
 
     /// Read latches down to the leaf's parent, a write latch on the leaf. Gives `f` back when
     /// the leaf is full and `key` absent (an insert could need a split).
-    fn update_optimistic<R, F>(&self, key: &Probe<'_>, f: F) -> Result<(R, &RwLock<Node>), F>
+    #[allow(clippy::type_complexity)]
+    fn update_optimistic<R, F>(&self, key: &Probe<'_>, f: F) -> Result<(R, &RwLock<Node>, bool), F>
     where
         F: FnOnce(&mut Option<Record>, Option<Option<&[u8]>>) -> R,
     {
-        // The root may itself be the leaf.
-        {
+        let mut g = loop {
+            // The root may itself be the leaf, and may turn from inner node into leaf (a
+            // collapse, see `rebalance`) or back between any two of our latches.
             let g = self.root.read();
-            if matches!(&*g, Node::Leaf(_)) {
-                drop(g);
-                let mut w = self.root.write();
-                if let Node::Leaf(l) = &mut *w {
-                    if l.may_split(key, self.leaf_cap) {
-                        return Err(f);
-                    }
-                    return Ok((self.apply(l, key, f), &self.root));
-                }
-                // It split between the two latches: descend normally.
+            if !matches!(&*g, Node::Leaf(_)) {
+                break g;
             }
-        }
-        let mut g = self.root.read();
+            drop(g);
+            let mut w = self.root.write();
+            if let Node::Leaf(l) = &mut *w {
+                if l.may_split(key, self.leaf_cap) {
+                    return Err(f);
+                }
+                let (r, shrank) = self.apply(l, key, f);
+                return Ok((r, &self.root, shrank));
+            }
+            // It split between the two latches: descend normally.
+        };
         loop {
             let (child, child_is_leaf) = match &*g {
-                Node::Leaf(_) => unreachable_leaf(),
                 Node::Inner(n) => (self.pin(n.child(n.child_index(key))), n.leaf_children),
+                // Only the root is ever a leaf above (handled before the loop), and a node we
+                // reach from a latched parent is live.
+                Node::Leaf(_) | Node::Dead => unreachable_leaf(),
             };
             if child_is_leaf {
-                // The parent's read latch keeps the leaf from splitting until we hold its
-                // write latch.
+                // The parent's read latch keeps the leaf from splitting or merging until we
+                // hold its write latch.
                 let mut w = child.write();
                 drop(g);
                 let Node::Leaf(l) = &mut *w else {
@@ -741,7 +854,8 @@ impl BTree {
                 if l.may_split(key, self.leaf_cap) {
                     return Err(f);
                 }
-                return Ok((self.apply(l, key, f), child));
+                let (r, shrank) = self.apply(l, key, f);
+                return Ok((r, child, shrank));
             }
             g = child.read();
         }
@@ -753,7 +867,7 @@ impl BTree {
         &self,
         key: &Probe<'_>,
         f: impl FnOnce(&mut Option<Record>, Option<Option<&[u8]>>) -> R,
-    ) -> (R, &RwLock<Node>) {
+    ) -> (R, &RwLock<Node>, bool) {
         let mut node: &RwLock<Node> = &self.root;
         let mut g = node.write();
         if self.is_full(&g) {
@@ -761,7 +875,11 @@ impl BTree {
         }
         loop {
             let (child, cg) = match &mut *g {
-                Node::Leaf(l) => return (self.apply(l, key, f), node),
+                Node::Leaf(l) => {
+                    let (r, shrank) = self.apply(l, key, f);
+                    return (r, node, shrank);
+                }
+                Node::Dead => unreachable_leaf(),
                 Node::Inner(n) => {
                     let i = n.child_index(key);
                     let child = self.pin(n.child(i));
@@ -792,6 +910,7 @@ impl BTree {
         match n {
             Node::Leaf(l) => l.ents.len() >= self.leaf_cap,
             Node::Inner(n) => n.seps.len() >= self.inner_cap,
+            Node::Dead => false,
         }
     }
 
@@ -811,7 +930,7 @@ impl BTree {
                     ents,
                 };
                 l.high = Some(sep.clone());
-                (sep, Arc::new(RwLock::new(Node::Leaf(right))))
+                (sep, self.alloc(Node::Leaf(right)))
             }
             Node::Inner(n) => {
                 let mid = n.seps.len() / 2;
@@ -831,8 +950,9 @@ impl BTree {
                     leaf_children: n.leaf_children,
                 };
                 n.high = Some(up.clone());
-                (up, Arc::new(RwLock::new(Node::Inner(right))))
+                (up, self.alloc(Node::Inner(right)))
             }
+            Node::Dead => unreachable_leaf(),
         }
     }
 
@@ -846,7 +966,7 @@ impl BTree {
             heads: Heads(vec![sep.prefix()]),
             seps: vec![Sep { key: sep, right }],
             leaf_children: matches!(left, Node::Leaf(_)),
-            first: Arc::new(RwLock::new(left)),
+            first: self.alloc(left),
         });
     }
 
@@ -881,6 +1001,7 @@ impl BTree {
                     // The child whose keys end just below `target` (a separator equal to
                     // `target` sends us left).
                     Node::Inner(n) => self.pin(n.child(n.child_index_below(&t))),
+                    Node::Dead => unreachable_leaf(),
                 };
                 g = child.read();
             };
@@ -953,6 +1074,7 @@ impl BTree {
                         };
                         self.pin(n.child(i))
                     }
+                    Node::Dead => unreachable_leaf(),
                 };
                 g = child.read();
             };
@@ -971,6 +1093,7 @@ impl BTree {
             match &*n.read() {
                 Node::Leaf(l) => l.ents.len(),
                 Node::Inner(i) => i.children().map(walk).sum(),
+                Node::Dead => 0,
             }
         }
         walk(&self.root)
@@ -996,13 +1119,235 @@ impl BTree {
         let (low, high) = match &*root {
             Node::Leaf(l) => (&l.low, &l.high),
             Node::Inner(n) => (&n.low, &n.high),
+            Node::Dead => return Err("the root is dead".into()),
         };
         if low.is_some() || high.is_some() {
             return Err("the root's fences must be -inf and +inf".into());
         }
         drop(root);
         let mut leaf_depth = None;
-        self.check_node(&self.root, None, None, 0, &mut leaf_depth)
+        let mut live = std::collections::HashSet::new();
+        self.check_node(&self.root, None, None, 0, &mut leaf_depth, &mut live)?;
+        // The free list: dead nodes only, none of them reachable. (Copied first, so that no
+        // latch is taken under the list's mutex.)
+        let free: Vec<NodeRef> = self.free.lock().clone();
+        for n in &free {
+            if !matches!(&*n.read(), Node::Dead) {
+                return Err("a node on the free list is not dead".into());
+            }
+            if live.contains(&Arc::as_ptr(n)) {
+                return Err("a node on the free list is reachable".into());
+            }
+        }
+        Ok(())
+    }
+
+    /// Counts the nodes and entries (read latches, one node at a time below its parent).
+    ///
+    /// ```
+    /// use shoal::storage::btree::{BTree, Record};
+    /// let t = BTree::with_capacity(4, 4);
+    /// for i in 0u8..100 {
+    ///     t.update(&[i], |s| *s = Some(Record::default()));
+    /// }
+    /// for i in 0u8..100 {
+    ///     t.update(&[i], |s| *s = None);
+    /// }
+    /// // Merges took the emptied leaves out again.
+    /// let s = t.stats();
+    /// assert_eq!((s.entries, s.leaves, s.height), (0, 1, 1));
+    /// ```
+    pub fn stats(&self) -> TreeStats {
+        fn walk(n: &NodeRef, depth: usize, s: &mut TreeStats) {
+            s.height = s.height.max(depth);
+            match &*n.read() {
+                Node::Leaf(l) => {
+                    s.leaves += 1;
+                    s.entries += l.ents.len();
+                    s.ghosts += l.ents.iter().filter(|e| e.rec.ghost).count();
+                    s.empty_leaves += usize::from(l.ents.is_empty());
+                }
+                Node::Inner(i) => {
+                    s.inner += 1;
+                    for c in i.children() {
+                        walk(c, depth + 1, s);
+                    }
+                }
+                Node::Dead => {}
+            }
+        }
+        let mut s = TreeStats::default();
+        walk(&self.root, 1, &mut s);
+        s.free = self.free.lock().len();
+        s
+    }
+
+    /// Merges underfull nodes on the path to `key`, after a removal left its leaf empty or
+    /// underfull: write-latch coupling from the root, as preemptive splits descend.
+    ///
+    /// At each inner node (write-latched) the child on the path is latched; if it is
+    /// underfull and it and its right sibling (or else its left one) fit in one node, the
+    /// right one's contents move into the left one, whose high fence becomes the right one's,
+    /// the parent drops the separator between them, and the right node becomes
+    /// [`Node::Dead`] and goes to the free list, all under the write latches of the parent
+    /// and both children. A descent or scan never sees a half-merged pair (it holds the
+    /// parent's latch while it moves to a child), and a hinted access latches one node and
+    /// finds it dead or a live leaf with its up-to-date fences. The root, when it is an inner
+    /// node with a single child, takes that child's contents (the tree gets one level
+    /// shorter). Latch order stays parent before child; two siblings are latched together
+    /// only under their parent's write latch, which excludes every other multi-node holder.
+    ///
+    /// A merge lower down can leave a node above underfull (or the root with one child)
+    /// after the pass went by; then the pass runs again, at most once per level.
+    fn rebalance(&self, key: &Probe<'_>) {
+        while self.rebalance_pass(key) {}
+    }
+
+    /// One top-down pass of [`rebalance`](Self::rebalance); true when a merge left its
+    /// parent underfull, so that another pass should look again.
+    fn rebalance_pass(&self, key: &Probe<'_>) -> bool {
+        let mut g = self.root.write();
+        loop {
+            let Node::Inner(n) = &mut *g else {
+                return false; // a leaf root has nothing to merge with
+            };
+            if !n.seps.is_empty() {
+                break;
+            }
+            // A single child: its fences are the root's (-inf, +inf), so its contents can
+            // become the root's as they are.
+            let mut cg = self.pin(&n.first).write();
+            let contents = std::mem::replace(&mut *cg, Node::Dead);
+            drop(cg);
+            let Node::Inner(old) = std::mem::replace(&mut *g, contents) else {
+                unreachable_leaf()
+            };
+            self.retire(old.first);
+        }
+        let mut again = false;
+        loop {
+            let Node::Inner(n) = &mut *g else {
+                unreachable_leaf()
+            };
+            let leaf_children = n.leaf_children;
+            let i = n.child_index(key);
+            let child = self.pin(n.child(i));
+            let cg = child.write();
+            let next = if self.underfull(&cg) {
+                let before = n.seps.len();
+                let next = self.merge_child(n, i, cg);
+                again |= n.seps.len() < before && n.seps.len() < self.min_inner();
+                next
+            } else {
+                cg
+            };
+            if leaf_children {
+                return again;
+            }
+            g = next;
+        }
+    }
+
+    /// What holds once every removal's `rebalance` has run (no concurrent writer): an empty
+    /// leaf is the root or its parent's only child. Test-only.
+    #[cfg(test)]
+    fn check_compact(&self) -> Result<(), String> {
+        fn walk(n: &NodeRef) -> Result<(), String> {
+            if let Node::Inner(i) = &*n.read() {
+                for c in i.children() {
+                    if let Node::Leaf(l) = &*c.read() {
+                        if l.ents.is_empty() && !i.seps.is_empty() {
+                            return Err(format!("an empty leaf at {:?} has a sibling", l.low));
+                        }
+                    }
+                    walk(c)?;
+                }
+            }
+            Ok(())
+        }
+        walk(&self.root)
+    }
+
+    fn underfull(&self, n: &Node) -> bool {
+        match n {
+            Node::Leaf(l) => l.ents.len() < self.min_leaf(),
+            Node::Inner(i) => i.seps.len() < self.min_inner(),
+            Node::Dead => false,
+        }
+    }
+
+    /// Whether nodes of these sizes (entries, or separators) merge into one of `a + b +
+    /// extra` (`extra` is 1 for inner nodes: their separator comes down): it must fit, with a
+    /// quarter to spare so that a few inserts do not split it again at once, unless one of
+    /// them is empty (an empty leaf, or an inner node with one child, always goes if it fits).
+    fn fits(a: usize, b: usize, extra: usize, cap: usize) -> bool {
+        let n = a + b + extra;
+        n <= cap && (a == 0 || b == 0 || n <= cap - cap / 4)
+    }
+
+    /// Merges child `i` of `n` (write-latched as `cg`) with a sibling if they fit; returns
+    /// the write guard of the node that now holds child `i`'s key range.
+    fn merge_child<'t>(
+        &'t self,
+        n: &mut Inner,
+        i: usize,
+        mut cg: parking_lot::RwLockWriteGuard<'t, Node>,
+    ) -> parking_lot::RwLockWriteGuard<'t, Node> {
+        // Right sibling first: `cg` stays the survivor.
+        if i < n.seps.len() {
+            let mut rg = self.pin(&n.seps[i].right).write();
+            if self.merge_pair(&mut cg, &mut rg, &n.seps[i].key) {
+                drop(rg);
+                let sep = n.remove_sep(i);
+                self.retire(sep.right);
+                return cg;
+            }
+        }
+        if i > 0 {
+            let mut lg = self.pin(n.child(i - 1)).write();
+            if self.merge_pair(&mut lg, &mut cg, &n.seps[i - 1].key) {
+                drop(cg);
+                let sep = n.remove_sep(i - 1);
+                self.retire(sep.right);
+                return lg;
+            }
+        }
+        cg
+    }
+
+    /// Moves `right`'s contents into `left` (adjacent siblings, `sep` the separator between
+    /// them) if they fit; `right` becomes dead. Both write-latched, and their parent too.
+    fn merge_pair(&self, left: &mut Node, right: &mut Node, sep: &Key) -> bool {
+        match (&mut *left, &mut *right) {
+            (Node::Leaf(l), Node::Leaf(r)) => {
+                if !Self::fits(l.ents.len(), r.ents.len(), 0, self.leaf_cap) {
+                    return false;
+                }
+                l.ents.append(&mut r.ents);
+                l.heads.0.append(&mut r.heads.0);
+                l.high = r.high.take();
+            }
+            (Node::Inner(l), Node::Inner(r)) => {
+                // The separator comes down between the two children lists.
+                if !Self::fits(l.seps.len(), r.seps.len(), 1, self.inner_cap) {
+                    return false;
+                }
+                let first = std::mem::replace(&mut r.first, Arc::clone(&l.first));
+                l.insert_sep(
+                    l.seps.len(),
+                    Sep {
+                        key: sep.clone(),
+                        right: first,
+                    },
+                );
+                l.seps.append(&mut r.seps);
+                l.heads.0.append(&mut r.heads.0);
+                l.high = r.high.take();
+            }
+            _ => unreachable_leaf(),
+        }
+        *right = Node::Dead;
+        true
     }
 
     fn check_node(
@@ -1012,11 +1357,16 @@ impl BTree {
         high: Option<&[u8]>,
         depth: usize,
         leaf_depth: &mut Option<usize>,
+        live: &mut std::collections::HashSet<*const RwLock<Node>>,
     ) -> Result<(), String> {
+        if !live.insert(Arc::as_ptr(n)) {
+            return Err("a node is reachable twice".into());
+        }
         let g = n.read();
         let (nl, nh) = match &*g {
             Node::Leaf(l) => (&l.low, &l.high),
             Node::Inner(i) => (&i.low, &i.high),
+            Node::Dead => return Err("a dead node is reachable".into()),
         };
         if nl.as_deref() != low || nh.as_deref() != high {
             return Err(format!(
@@ -1027,6 +1377,7 @@ impl BTree {
         let (keys, heads): (Vec<&Key>, _) = match &*g {
             Node::Leaf(l) => (l.ents.iter().map(|e| &e.key).collect(), &l.heads),
             Node::Inner(i) => (i.seps.iter().map(|s| &s.key).collect(), &i.heads),
+            Node::Dead => unreachable_leaf(),
         };
         if !heads.0.iter().copied().eq(keys.iter().map(|k| k.prefix())) {
             return Err("a node's key heads differ from its keys".into());
@@ -1079,16 +1430,20 @@ impl BTree {
                     } else {
                         Some(&i.seps[c].key[..])
                     };
-                    self.check_node(child, cl, ch, depth + 1, leaf_depth)?;
+                    self.check_node(child, cl, ch, depth + 1, leaf_depth, live)?;
                 }
                 Ok(())
             }
+            Node::Dead => unreachable_leaf(),
         }
     }
 }
 
+/// A descent met a node of the wrong kind: a leaf where its parent says inner nodes are, or
+/// a dead node reached through a latched parent. Neither can happen: only the root changes
+/// kind, and a node dies only under its parent's write latch, as it leaves the parent.
 fn unreachable_leaf() -> ! {
-    unreachable!("a node that was a leaf turned into an inner node; only the root does that")
+    unreachable!("a descent met a node of the wrong kind (only the root changes kind)")
 }
 
 #[cfg(test)]
@@ -1266,7 +1621,15 @@ mod tests {
                 }
             }
             prop_assert_eq!(t.check_invariants(), Ok(()));
+            prop_assert_eq!(t.check_compact(), Ok(()));
             prop_assert_eq!(t.len(), m.len());
+            let s = t.stats();
+            prop_assert_eq!(s.entries, m.len());
+            prop_assert_eq!(s.ghosts, m.values().filter(|r| r.ghost).count());
+            if m.is_empty() {
+                // Everything merged back into the root.
+                prop_assert_eq!((s.leaves, s.inner, s.height), (1, 0, 1));
+            }
             let all = t.range(Bound::Unbounded, Bound::Unbounded, usize::MAX);
             prop_assert_eq!(all, m.into_iter().collect::<Vec<_>>());
         }
@@ -1399,6 +1762,7 @@ mod tests {
                 hints.push(Some(got));
             }
             prop_assert_eq!(t.check_invariants(), Ok(()));
+            prop_assert_eq!(t.check_compact(), Ok(()));
             let all = t.range(Bound::Unbounded, Bound::Unbounded, usize::MAX);
             prop_assert_eq!(all, m.into_iter().collect::<Vec<_>>());
         }
@@ -1600,5 +1964,167 @@ mod tests {
             .sum();
         assert_eq!(total, 8 * 2000);
         assert_eq!(t.check_invariants(), Ok(()));
+    }
+
+    /// A queue: inserts at the tail, removals at the head. Leaves emptied at the head merge
+    /// away, so the tree's size follows the queue's length, not the number of keys it ever
+    /// held (before merges, 100,000 keys through a 50-key queue left ~3,000 empty leaves).
+    #[test]
+    fn a_queue_keeps_the_tree_small() {
+        for cap in [3usize, 4, 8, 64] {
+            let t = BTree::with_capacity(cap, cap);
+            let window = 50u32;
+            let mut hints = Vec::new();
+            let mut max_nodes = 0;
+            for i in 0..100_000u32 {
+                let ((), h) = t.update_hinted(&i.to_be_bytes(), None, |s| *s = Some(rec(1)));
+                if i % 97 == 3 {
+                    hints.push(h);
+                }
+                if let Some(old) = i.checked_sub(window) {
+                    // Through a stale hint now and then: it must find the key wherever
+                    // merges moved it.
+                    let h = hints.get(i as usize % 7).copied();
+                    let (was, _) = t.update_hinted(&old.to_be_bytes(), h, Option::take);
+                    assert!(was.is_some(), "key {old} lost (cap {cap})");
+                }
+                if i % 1000 == 999 {
+                    let s = t.stats();
+                    max_nodes = max_nodes.max(s.leaves + s.inner + s.free);
+                }
+            }
+            assert_eq!(t.check_invariants(), Ok(()));
+            assert_eq!(t.check_compact(), Ok(()));
+            let s = t.stats();
+            assert_eq!(s.entries, window as usize);
+            // 50 entries in nodes at least a quarter full (a leaf drops below that only
+            // when it cannot merge), plus the free list, which is bounded by the peak.
+            let bound = 4 * (window as usize) / (cap / 4).max(1) + 8;
+            assert!(s.leaves + s.inner <= bound, "cap {cap}: {s:?} > {bound}");
+            assert!(
+                max_nodes <= 2 * bound,
+                "cap {cap}: peak {max_nodes} > {}",
+                2 * bound
+            );
+            for (i, h) in hints.iter().enumerate() {
+                let k = 100_000 - 1 - i as u32 % window;
+                assert!(t.get_hinted(&k.to_be_bytes(), Some(*h), |r| r.is_some()).0);
+                let gone = (i as u32 * 97 + 3).to_be_bytes();
+                assert!(t.get_hinted(&gone, Some(*h), |r| r.is_none()).0);
+            }
+            // Drain it: back to a single leaf.
+            for k in 100_000 - window..100_000 {
+                t.update(&k.to_be_bytes(), |s| *s = None);
+            }
+            let s = t.stats();
+            assert_eq!((s.entries, s.leaves, s.inner, s.height), (0, 1, 0, 1));
+            assert_eq!(t.check_invariants(), Ok(()));
+        }
+    }
+
+    /// Merges race with everything else: two queue writers (each keeps every eighth key as an
+    /// anchor and removes the others 40 keys behind its tail, so leaves empty and merge
+    /// all the time, inner nodes too, and the root grows and collapses), counters that
+    /// increment anchors through hints that merges make stale, and readers that check
+    /// published anchors are found by get, hinted get, predecessor and range, removed keys
+    /// are gone, and scans stay ordered.
+    #[test]
+    fn merges_race_with_hinted_updates_reads_and_scans() {
+        use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
+        const N: u32 = 2500;
+        const BEHIND: u32 = 40;
+        let key = |w: u32, i: u32| (i * 2 + w).to_be_bytes();
+        let anchor = |i: u32| i & 7 == 0;
+        for _round in 0..6 {
+            let t = BTree::with_capacity(4, 4);
+            // inserted[w]: keys 0..inserted of writer w are published (anchors stay);
+            // removed[w]: its non-anchor keys below `removed` are gone.
+            let inserted = [AtomicU32::new(0), AtomicU32::new(0)];
+            let removed = [AtomicU32::new(0), AtomicU32::new(0)];
+            let increments = AtomicU64::new(0);
+            let writers_done = AtomicU32::new(0);
+            std::thread::scope(|s| {
+                for w in 0..2u32 {
+                    let (t, inserted, removed, done) = (&t, &inserted, &removed, &writers_done);
+                    s.spawn(move || {
+                        for i in 0..N {
+                            t.update(&key(w, i), |s| *s = Some(Record::default()));
+                            inserted[w as usize].store(i + 1, SeqCst);
+                            if let Some(old) = i.checked_sub(BEHIND) {
+                                if !anchor(old) {
+                                    let gone = t.update(&key(w, old), Option::take);
+                                    assert!(gone.is_some());
+                                }
+                                removed[w as usize].store(old + 1, SeqCst);
+                            }
+                        }
+                        done.fetch_add(1, SeqCst);
+                    });
+                }
+                for r in 0..2u32 {
+                    let (t, inserted, removed, done, increments) =
+                        (&t, &inserted, &removed, &writers_done, &increments);
+                    s.spawn(move || {
+                        let mut x = 0x2545_F491u32.wrapping_mul(r + 3) | 1;
+                        let mut hints: Vec<Option<LeafHint>> = vec![None; 64];
+                        while done.load(SeqCst) < 2 {
+                            x ^= x << 13;
+                            x ^= x >> 17;
+                            x ^= x << 5;
+                            let w = x & 1;
+                            let have = inserted[w as usize].load(SeqCst);
+                            if have == 0 {
+                                continue;
+                            }
+                            let i = ((x >> 1) % have) / 8 * 8; // an anchor
+                            let k = key(w, i);
+                            let h = &mut hints[(x >> 20) as usize % 64];
+                            if r == 0 {
+                                // Counter: increment through a (possibly stale) hint.
+                                let (n, nh) = t.update_hinted(&k, *h, |s| {
+                                    s.as_mut().map(|r| {
+                                        r.tid += 1;
+                                        r.tid
+                                    })
+                                });
+                                assert!(n.is_some(), "anchor {i}/{w} lost");
+                                increments.fetch_add(1, SeqCst);
+                                *h = Some(nh);
+                                continue;
+                            }
+                            let (found, nh) = t.get_hinted(&k, *h, |r| r.is_some());
+                            assert!(found, "anchor {i}/{w} lost to a hinted get");
+                            *h = Some(nh);
+                            assert!(t.get(&k, |r| r.is_some()), "anchor {i}/{w} lost");
+                            let above = (i * 2 + w + 1).to_be_bytes();
+                            let p = t.predecessor(&above).expect("a key below");
+                            assert!(p[..] >= k[..], "predecessor skipped anchor {i}/{w}");
+                            let got = t.range(Bound::Included(&k[..]), Bound::Unbounded, 3);
+                            assert_eq!(got.first().map(|(g, _)| &g[..]), Some(&k[..]));
+                            assert!(got.windows(2).all(|p| p[0].0 < p[1].0), "scan order");
+                            let gone_below = removed[w as usize].load(SeqCst);
+                            if gone_below > 1 {
+                                let j = (x >> 3) % gone_below;
+                                if !anchor(j) {
+                                    let (absent, _) = t.get_hinted(&key(w, j), *h, |r| r.is_none());
+                                    assert!(absent, "removed key {j}/{w} is back");
+                                }
+                            }
+                        }
+                    });
+                }
+            });
+            assert_eq!(t.check_invariants(), Ok(()));
+            assert_eq!(t.check_compact(), Ok(()));
+            let all = t.range(Bound::Unbounded, Bound::Unbounded, usize::MAX);
+            let total: u64 = all.iter().map(|(_, r)| r.tid).sum();
+            assert_eq!(total, increments.load(SeqCst));
+            let live = 2 * (N / 8 + BEHIND) as usize;
+            assert!(all.len() <= live, "{} entries", all.len());
+            let s = t.stats();
+            // Before merges this tree kept ~2,000 empty leaves.
+            assert!(s.leaves <= s.entries + 1, "{s:?}");
+            assert_eq!(s.empty_leaves, 0, "{s:?}");
+        }
     }
 }

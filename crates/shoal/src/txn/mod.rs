@@ -12,7 +12,8 @@
 //!   into that gap; a lock table that names key values can lock an absent value directly;
 //! - updates, deletes and integer operations take XN on the key. A delete turns the record into
 //!   a ghost; ghosts are removed after the deleting (or aborting) transaction has released its
-//!   locks, and only when no transaction holds or waits for a lock on that key;
+//!   locks, and only when no transaction holds or waits for a lock on that key (one whose lock
+//!   is still busy then is deferred and retried by later transactions: [`reclaim`]);
 //! - an insert of a new key (Algorithm 1) takes XN on the key, then an instant-duration NX on
 //!   the prior key (or the table's `-infinity` fence) to check that no scan protects the gap,
 //!   re-checks that the prior key is still the predecessor, creates the record and releases NX.
@@ -45,13 +46,20 @@ use crate::db::{ConcurrencyControl, Database, Elr, LogMode, Table, TableSlots};
 use crate::error::{show_key, Error, Result};
 use crate::lock::intent::PrivateIntents;
 use crate::lock::modes::{cursor_mode, CursorDir, CursorStep, Part};
-use crate::lock::{LockFailure, LockId, LockMode, LockTable, TxnId};
+use crate::lock::{LockFailure, LockId, LockMode, TxnId};
 use crate::log::record::{LogRecord, Write as LogWrite};
 use crate::storage::btree::Record;
 
+mod epoch;
 mod extra;
 pub(crate) mod occ;
+pub(crate) mod reclaim;
 mod split;
+
+/// The atomics `epoch` uses (std's here; shuttle's in the model-checking test).
+mod epoch_sync {
+    pub(super) use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+}
 
 /// Entries read from the tree per scan round; each round is locked and validated on its own.
 const SCAN_CHUNK: usize = 256;
@@ -166,6 +174,9 @@ pub struct Transaction<'db> {
     /// The read, scan and write sets under optimistic concurrency control (`None` under the
     /// other modes).
     occ: Option<Box<occ::OccState>>,
+    /// Optimistic concurrency control: the epoch this transaction pinned before its first
+    /// read, which keeps the ghosts of later deletes in place until it ends ([`reclaim`]).
+    epoch_pin: Option<reclaim::Pin>,
     /// Doppel: the phase this transaction runs in, its split write set and statistics
     /// (`None` under the other modes).
     dop: Option<Box<split::DopTxn>>,
@@ -271,26 +282,6 @@ fn has_exclusive(m: LockMode) -> bool {
     )
 }
 
-/// Removes the ghosts in `ghosts` once nobody holds or waits for a lock on them (Kimura
-/// §2.2: ghosts go only when no active transaction can need them).
-fn collect_ghosts(
-    locks: &dyn LockTable,
-    locking: bool,
-    tables: &[impl std::borrow::Borrow<Table>],
-    ghosts: Vec<(u16, Box<[u8]>)>,
-) {
-    for (slot, key) in ghosts {
-        let table: &Table = tables[slot as usize].borrow();
-        let id = LockId::Key(table.inner.id, key);
-        let LockId::Key(_, k) = &id else { continue };
-        table.inner.tree.update(k, |rec| {
-            if rec.as_ref().is_some_and(|r| r.ghost) && (!locking || locks.is_free(&id)) {
-                *rec = None;
-            }
-        });
-    }
-}
-
 /// Puts back the before-image of every write in `undo`, newest first; keys that did not exist
 /// become ghosts (listed in `ghosts` for removal).
 fn undo_writes(
@@ -324,6 +315,10 @@ impl<'db> Transaction<'db> {
         let locking = cc == ConcurrencyControl::TwoPhaseLocking;
         // First of all, so that the wait to run counts in the transaction's latency.
         let admitted = inner.gate.as_ref().is_some_and(crate::admission::begin);
+        let optimistic = matches!(
+            cc,
+            ConcurrencyControl::Optimistic | ConcurrencyControl::Doppel
+        );
         let serial = (cc == ConcurrencyControl::Serial).then(|| {
             inner
                 .serial
@@ -351,11 +346,8 @@ impl<'db> Transaction<'db> {
             commit_mode: inner.log_mode,
             max_tag: 0,
             track_tags: locking && inner.opts.elr == Elr::Sx && inner.log.is_some(),
-            occ: matches!(
-                cc,
-                ConcurrencyControl::Optimistic | ConcurrencyControl::Doppel
-            )
-            .then(Box::default),
+            occ: optimistic.then(Box::default),
+            epoch_pin: optimistic.then(|| inner.reclaim.pin()),
             dop: split::DopTxn::begin(db),
             admitted,
             committed: false,
@@ -705,9 +697,26 @@ impl<'db> Transaction<'db> {
         }
     }
 
+    /// Removes this transaction's ghosts whose locks are free, defers the others (see
+    /// [`reclaim`]).
     fn collect_ghosts(&mut self) {
         let ghosts = std::mem::take(&mut self.ghosts);
-        collect_ghosts(&*self.db.inner.locks, self.locking, &self.tables, ghosts);
+        let tables = &self.tables;
+        self.db.inner.reclaim.collect_locked(
+            &*self.db.inner.locks,
+            self.locking,
+            ghosts.into_iter().map(|(s, k)| (tables[s as usize], k)),
+        );
+    }
+
+    /// Ends an optimistic transaction's epoch pin, then removes the ghosts no running
+    /// transaction can need any more (see [`reclaim`]).
+    fn occ_end(&mut self) {
+        if let Some(pin) = self.epoch_pin.take() {
+            let reclaim = &self.db.inner.reclaim;
+            reclaim.unpin(pin);
+            reclaim.collect_retired();
+        }
     }
 
     /// Releases the held locks whose mode satisfies `pred` (S-ELR).
@@ -1371,7 +1380,9 @@ impl<'db> Transaction<'db> {
 
     fn finish_commit(&mut self, mode: LogMode) -> Result<CommitTicket> {
         if self.occ.is_some() {
-            return self.occ_commit(mode);
+            let r = self.occ_commit(mode);
+            self.occ_end();
+            return r;
         }
         self.active()?;
         let inner = &self.db.inner;
@@ -1453,6 +1464,7 @@ impl<'db> Transaction<'db> {
                 // Owned handles: the callback outlives this borrow of the database.
                 let tables: Vec<Table> = self.tables.iter().map(|&t| t.clone()).collect();
                 let locks = std::sync::Arc::clone(&inner.locks);
+                let reclaim = std::sync::Arc::clone(&inner.reclaim);
                 let (id, locking) = (self.id, self.locking);
                 // The thread's flush pipeline grows until this commit is durable (the
                 // kill-short / kill-long victim policies compare these lengths).
@@ -1478,7 +1490,11 @@ impl<'db> Transaction<'db> {
                         if let Some(lil) = lil {
                             lil.release_all(&mut intents);
                         }
-                        collect_ghosts(&*locks, locking, &tables, ghosts);
+                        reclaim.collect_locked(
+                            &*locks,
+                            locking,
+                            ghosts.into_iter().map(|(s, k)| (&tables[s as usize], k)),
+                        );
                         pipe.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
                     }),
                 );
@@ -1536,6 +1552,7 @@ impl<'db> Transaction<'db> {
             self.rollback();
             self.release_all();
         }
+        self.occ_end();
     }
 }
 

@@ -182,8 +182,6 @@ pub struct Transaction<'db> {
     dop: Option<Box<split::DopTxn>>,
     /// Admitted through the database's admission gate: its end must be reported.
     admitted: bool,
-    /// Committed (the end tells the gate, which lets a committing thread keep its slot).
-    committed: bool,
 }
 
 /// Tells when a commit made with [`Transaction::commit_pipelined`] is durable.
@@ -350,7 +348,6 @@ impl<'db> Transaction<'db> {
             epoch_pin: optimistic.then(|| inner.reclaim.pin()),
             dop: split::DopTxn::begin(db),
             admitted,
-            committed: false,
         }
     }
 
@@ -1327,9 +1324,7 @@ impl<'db> Transaction<'db> {
     /// ```
     pub fn commit(mut self) -> Result<()> {
         let mode = self.commit_mode;
-        let r = self.finish_commit(mode).map(|_| ());
-        self.committed = r.is_ok();
-        r
+        self.finish_commit(mode).map(|_| ())
     }
 
     /// Commits with a flush pipeline (Johnson et al. 2009; Kimura §4.3): returns as soon as
@@ -1352,9 +1347,7 @@ impl<'db> Transaction<'db> {
     /// # }
     /// ```
     pub fn commit_pipelined(mut self) -> Result<CommitTicket> {
-        let r = self.finish_commit(LogMode::Pipelined);
-        self.committed = r.is_ok();
-        r
+        self.finish_commit(LogMode::Pipelined)
     }
 
     /// Chooses how this transaction's commit is acknowledged, overriding
@@ -1561,7 +1554,7 @@ impl Drop for Transaction<'_> {
         self.finish_abort();
         self.dop_end();
         if self.admitted {
-            crate::admission::end(self.committed);
+            crate::admission::end();
         }
     }
 }

@@ -3,6 +3,8 @@
 //! Lock timeouts here are a minute, so a policy that is not run shows up as a `Timeout`
 //! (or a test that takes a minute), not as a flaky timing assertion.
 
+mod common;
+
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::{Arc, Barrier};
 use std::thread;
@@ -81,15 +83,11 @@ impl Table {
 }
 
 fn key(k: u8) -> LockId {
-    LockId::Key(1, vec![k].into_boxed_slice())
+    common::lock_key(k)
 }
 
 fn wait_until(what: &str, cond: impl Fn() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(start.elapsed() < LONG, "timed out waiting for {what}");
-        thread::sleep(Duration::from_millis(1));
-    }
+    common::wait_until(what, LONG, cond)
 }
 
 fn is_deadlock(r: &Result<LockMode, LockFailure>) -> bool {

@@ -94,15 +94,11 @@ both!(
 );
 
 fn key(k: u8) -> LockId {
-    LockId::Key(1, vec![k].into_boxed_slice())
+    common::lock_key(k)
 }
 
 fn wait_until(what: &str, cond: impl Fn() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(start.elapsed() < LONG, "timed out waiting for {what}");
-        thread::sleep(Duration::from_millis(1));
-    }
+    common::wait_until(what, LONG, cond)
 }
 
 fn table<T: Table>(policy: DeadlockPolicy) -> Arc<T> {

@@ -187,3 +187,17 @@ pub fn dump(db: &Database, table: &str) -> BTreeMap<Vec<u8>, Vec<u8>> {
         .into_iter()
         .collect()
 }
+
+/// The lock id of key `k` in table 1 (the lock-table tests' keys).
+pub fn lock_key(k: u8) -> shoal::lock::LockId {
+    shoal::lock::LockId::Key(1, vec![k].into_boxed_slice())
+}
+
+/// Polls `cond` every millisecond; reaching `limit` first fails the test, naming `what`.
+pub fn wait_until(what: &str, limit: Duration, cond: impl Fn() -> bool) {
+    let start = std::time::Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < limit, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}

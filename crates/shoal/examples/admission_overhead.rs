@@ -30,8 +30,8 @@ fn round(db: &Database, t: &Table, threads: u64) -> shoal::Result<f64> {
                         let account = (x >> 33) % 100_000;
                         let teller = 1_000_000 + (x >> 20) % 200;
                         db.run(|tx| {
-                            tx.add(t, account.to_be_bytes(), 1)?;
-                            tx.add(t, teller.to_be_bytes(), 1)?;
+                            tx.add_and_get(t, account.to_be_bytes(), 1)?;
+                            tx.add_and_get(t, teller.to_be_bytes(), 1)?;
                             Ok(())
                         })?;
                     }

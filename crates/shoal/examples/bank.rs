@@ -29,8 +29,8 @@ fn transfer(
     if balance < amount {
         return Ok(false);
     }
-    tx.add(t, from, -amount)?;
-    tx.add(t, to, amount)?;
+    tx.add_and_get(t, from, -amount)?;
+    tx.add_and_get(t, to, amount)?;
     Ok(true)
 }
 
@@ -116,7 +116,7 @@ fn main() -> shoal::Result<()> {
     let err = db
         .run(|tx| {
             tx.put(&accounts, "note", "not a number")?;
-            tx.add(&accounts, "note", 1)
+            tx.add_and_get(&accounts, "note", 1)
         })
         .expect_err("adding to text fails");
     assert!(!err.is_retryable());

@@ -10,8 +10,8 @@
 //! optimistic concurrency control (buffered writes, per-record TID words, validation of reads
 //! and scanned ranges at commit); with [`ConcurrencyControl::Doppel`] they run Doppel's phase
 //! reconciliation (Narula 2015, see [`doppel`]): OCC in joined phases, and in split phases
-//! the blind commutative operations ([`Transaction::add_blind`], [`Transaction::max_blind`],
-//! [`Transaction::min_blind`], [`Transaction::oput`], [`Transaction::topk_insert`]) on hot
+//! the blind commutative operations ([`Transaction::add`], [`Transaction::max`],
+//! [`Transaction::min`], [`Transaction::oput`], [`Transaction::topk_insert`]) on hot
 //! records go to per-worker slices in parallel. The blind operations work under every mode.
 //!
 //! ```

@@ -41,7 +41,7 @@ fn running_transactions_never_exceed_the_limit() {
                     for n in 0..200u32 {
                         db.run(|tx| {
                             // Shared keys: lock waits (which give the slot up) happen too.
-                            tx.add(t, [(n % 3) as u8], 1)?;
+                            tx.add_and_get(t, [(n % 3) as u8], 1)?;
                             tx.put(t, i.to_be_bytes(), n.to_be_bytes())?;
                             // No wait inside the engine from here to the commit: the
                             // transaction holds a slot throughout.
@@ -198,7 +198,7 @@ fn many_threads_over_one_slot_all_finish_in_every_mode() {
             for _ in 0..16 {
                 s.spawn(|| {
                     for _ in 0..50 {
-                        db.run(|tx| tx.add(&t, "n", 1)).unwrap();
+                        db.run(|tx| tx.add_and_get(&t, "n", 1)).unwrap();
                     }
                 });
             }
@@ -264,8 +264,8 @@ fn lock_waiters_that_keep_their_slot_never_block_the_holder() {
                     s.spawn(|| {
                         for _ in 0..40 {
                             db.run(|tx| {
-                                tx.add(&t, "hot", 1)?;
-                                tx.add(&t, "other", 1)
+                                tx.add_and_get(&t, "hot", 1)?;
+                                tx.add_and_get(&t, "other", 1)
                             })
                             .unwrap();
                         }

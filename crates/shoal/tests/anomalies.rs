@@ -437,7 +437,7 @@ fn p4_lost_update_hermitage() {
     );
 }
 
-/// The atomic `add` never loses an update either: both increments count.
+/// The atomic `add_and_get` never loses an update either: both increments count.
 #[test]
 fn p4_atomic_add() {
     scenario(
@@ -742,7 +742,7 @@ fn deadlock_victim_is_doomed_and_releases_its_locks() {
                 t2.get(t, "y").map(|_| ()),
                 t2.put(t, "z", enc(1)),
                 t2.scan(t, ..).map(|_| ()),
-                t2.add(t, "x", 1).map(|_| ()),
+                t2.add_and_get(t, "x", 1).map(|_| ()),
             ] {
                 assert!(
                     matches!(r, Err(Error::TransactionAborted { .. })),

@@ -39,11 +39,14 @@ fn bad_input_is_a_typed_error() {
         ));
         tx.put(&t, b"s", b"not a number").expect("put");
         assert!(matches!(
-            tx.add(&t, b"s", 1),
+            tx.add_and_get(&t, b"s", 1),
             Err(Error::NotAnInteger { len: 12, .. })
         ));
         tx.put(&t, b"m", i64::MAX.to_le_bytes()).expect("put");
-        assert!(matches!(tx.add(&t, b"m", 1), Err(Error::Overflow { .. })));
+        assert!(matches!(
+            tx.add_and_get(&t, b"m", 1),
+            Err(Error::Overflow { .. })
+        ));
         // Statement errors do not doom the transaction.
         tx.put(&t, b"ok", b"1").expect("still usable");
         tx.commit().expect("commit");
@@ -76,7 +79,7 @@ fn read_own_writes_and_rollback() {
         assert!(tx.delete(&t, b"a").expect("delete"));
         assert_eq!(tx.get(&t, b"a").expect("get"), None);
         assert_eq!(tx.get(&t, b"b").expect("get"), Some(b"3".to_vec()));
-        assert_eq!(tx.add(&t, b"n", 5).expect("add"), 5);
+        assert_eq!(tx.add_and_get(&t, b"n", 5).expect("add"), 5);
         assert_eq!(tx.scan(&t, ..).expect("scan").len(), 2);
         tx.abort();
         let rows = db.run(|tx| tx.scan(&t, ..)).expect("scan");
@@ -122,12 +125,12 @@ fn insert_duplicate_and_reinsert_after_delete() {
 fn integer_ops() {
     for db in dbs() {
         let t = db.create_table("t").expect("create");
-        assert_eq!(db.run(|tx| tx.add(&t, b"c", 3)).expect("add"), 3);
-        assert_eq!(db.run(|tx| tx.add(&t, b"c", -10)).expect("add"), -7);
-        assert_eq!(db.run(|tx| tx.max(&t, b"c", -9)).expect("max"), -7);
-        assert_eq!(db.run(|tx| tx.max(&t, b"c", 4)).expect("max"), 4);
-        assert_eq!(db.run(|tx| tx.min(&t, b"c", 9)).expect("min"), 4);
-        assert_eq!(db.run(|tx| tx.min(&t, b"c", -1)).expect("min"), -1);
+        assert_eq!(db.run(|tx| tx.add_and_get(&t, b"c", 3)).expect("add"), 3);
+        assert_eq!(db.run(|tx| tx.add_and_get(&t, b"c", -10)).expect("add"), -7);
+        assert_eq!(db.run(|tx| tx.max_and_get(&t, b"c", -9)).expect("max"), -7);
+        assert_eq!(db.run(|tx| tx.max_and_get(&t, b"c", 4)).expect("max"), 4);
+        assert_eq!(db.run(|tx| tx.min_and_get(&t, b"c", 9)).expect("min"), 4);
+        assert_eq!(db.run(|tx| tx.min_and_get(&t, b"c", -1)).expect("min"), -1);
         assert_eq!(db.run(|tx| tx.get_i64(&t, b"c")).expect("get"), Some(-1));
         assert_eq!(db.run(|tx| tx.get_i64(&t, b"none")).expect("get"), None);
     }

@@ -55,13 +55,13 @@ fn transfer_read_write(
     Ok(true)
 }
 
-/// The error a transfer with `add` returns to abort itself on overdraft (not retryable, so
-/// `db.run` aborts the transaction, undoing the first `add`, and returns it).
+/// The error a transfer with `add_and_get` returns to abort itself on overdraft (not retryable, so
+/// `db.run` aborts the transaction, undoing the first `add_and_get`, and returns it).
 fn insufficient_funds() -> Error {
     Error::Unsupported("insufficient funds".into())
 }
 
-/// A transfer with `add`, aborting (through an error) when the source goes negative.
+/// A transfer with `add_and_get`, aborting (through an error) when the source goes negative.
 fn transfer_add(
     tx: &mut shoal::Transaction<'_>,
     t: &Table,
@@ -69,11 +69,11 @@ fn transfer_add(
     to: &str,
     amount: i64,
 ) -> shoal::Result<bool> {
-    let left = tx.add(t, from, -amount)?;
+    let left = tx.add_and_get(t, from, -amount)?;
     if left < 0 {
         return Err(insufficient_funds());
     }
-    tx.add(t, to, amount)?;
+    tx.add_and_get(t, to, amount)?;
     Ok(true)
 }
 
@@ -218,7 +218,7 @@ fn bank_transfers_preserve_total_and_readers_see_it() {
     }
 }
 
-/// A refused `add` transfer is undone: the non-retryable error aborts the transaction.
+/// A refused `add_and_get` transfer is undone: the non-retryable error aborts the transaction.
 #[test]
 fn bank_aborted_transfer_is_undone() {
     for o in modes() {

@@ -319,7 +319,7 @@ fn reopen_right_after_drop(opts: Options, rounds: u32) {
             // A transaction that is open while the coordinator starts a phase change: the
             // change waits for it, and the drop comes right after it ends.
             let mut tx = db.begin();
-            tx.add_blind(&t, "hot", 1).expect("add");
+            tx.add(&t, "hot", 1).expect("add");
             if doppel {
                 db.split_hint(&t, "hot", SplitOp::Add).expect("hint");
             }
@@ -334,7 +334,7 @@ fn reopen_right_after_drop(opts: Options, rounds: u32) {
                     let (db, t) = (&db, &t);
                     s.spawn(move || {
                         for i in 0..5 {
-                            db.run(|tx| tx.add_blind(t, "hot", 1)).expect("add");
+                            db.run(|tx| tx.add(t, "hot", 1)).expect("add");
                             if w == 0 && i == 2 {
                                 // Stashed in a split phase: a phase change follows.
                                 let _ = db.run(|tx| tx.get(t, "hot"));

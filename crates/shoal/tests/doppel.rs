@@ -171,18 +171,18 @@ fn workload(db: &Database, t: &Table, threads: usize, txns: usize, seed: u64) ->
                             for op in &ops {
                                 match op {
                                     Op::Add(n) => {
-                                        tx.add_blind(t, "a", *n)?;
-                                        tx.add_blind(t, "b", 1)?;
-                                        tx.add_blind(t, "c", 1)?;
+                                        tx.add(t, "a", *n)?;
+                                        tx.add(t, "b", 1)?;
+                                        tx.add(t, "c", 1)?;
                                     }
-                                    Op::Max(n) => tx.max_blind(t, "mx", *n)?,
-                                    Op::Min(n) => tx.min_blind(t, "mn", *n)?,
+                                    Op::Max(n) => tx.max(t, "mx", *n)?,
+                                    Op::Min(n) => tx.min(t, "mn", *n)?,
                                     Op::Oput(o, _, v) => tx.oput(t, "o", *o, v)?,
                                     Op::TopK(o, _, v) => tx.topk_insert(t, "tk", *o, v, K)?,
                                 }
                             }
                             // A joined write in the same transaction.
-                            tx.add_blind(t, format!("cold{th}"), 1)?;
+                            tx.add(t, format!("cold{th}"), 1)?;
                             Ok(seen)
                         })
                         .unwrap();
@@ -254,7 +254,7 @@ fn a_stashed_transaction_runs_exactly_once() {
         for _ in 0..2 {
             s.spawn(|| {
                 while !stop.load(Ordering::Relaxed) {
-                    db.run(|tx| tx.add_blind(&t, "hot", 1)).unwrap();
+                    db.run(|tx| tx.add(&t, "hot", 1)).unwrap();
                 }
             });
         }
@@ -328,7 +328,7 @@ fn many_threads_calling_begin_while_phases_change_do_not_deadlock() {
                     i += 1;
                     match th % 4 {
                         // Split-phase writers.
-                        0 | 1 => db.run(|tx| tx.add_blind(t, "hot", 1)).unwrap(),
+                        0 | 1 => db.run(|tx| tx.add(t, "hot", 1)).unwrap(),
                         // Readers (stashed while split).
                         2 => {
                             db.run(|tx| tx.get_i64(t, "hot")).unwrap();
@@ -336,8 +336,8 @@ fn many_threads_calling_begin_while_phases_change_do_not_deadlock() {
                         // Nested: a transaction open while this thread begins another.
                         _ => {
                             let mut outer = db.begin();
-                            let _ = outer.add_blind(t, "hot", 1);
-                            db.run(|tx| tx.add_blind(t, format!("n{th}"), 1)).unwrap();
+                            let _ = outer.add(t, "hot", 1);
+                            db.run(|tx| tx.add(t, format!("n{th}"), 1)).unwrap();
                             let _ = outer.commit();
                         }
                     }
@@ -354,9 +354,9 @@ fn many_threads_calling_begin_while_phases_change_do_not_deadlock() {
         s.spawn(move || {
             while Instant::now() < half {
                 let mut held = db.begin();
-                held.add_blind(t, "x", 1).unwrap();
+                held.add(t, "x", 1).unwrap();
                 std::thread::scope(|s2| {
-                    s2.spawn(|| db.run(|tx| tx.add_blind(t, "y", 1)).unwrap())
+                    s2.spawn(|| db.run(|tx| tx.add(t, "y", 1)).unwrap())
                         .join()
                         .unwrap();
                 });
@@ -395,7 +395,7 @@ fn classification_splits_a_contended_counter() {
             s.spawn(|| {
                 while !split.load(Ordering::Relaxed) && Instant::now() < deadline {
                     db.run(|tx| {
-                        tx.add_blind(&t, "hot", 1)?;
+                        tx.add(&t, "hot", 1)?;
                         // Widen the window between read and validation.
                         std::thread::yield_now();
                         Ok(())
@@ -439,7 +439,7 @@ fn split_operations_survive_a_reopen() {
         // which the coordinator starts for it.
         wait_split(&db);
         db.checkpoint().unwrap();
-        db.run(|tx| tx.add_blind(&t, "a", 0)).unwrap();
+        db.run(|tx| tx.add(&t, "a", 0)).unwrap();
         db.flush().unwrap();
         // Dropped in the middle of a split phase: the last slices are never reconciled.
         ops
@@ -475,7 +475,7 @@ fn incr1_throughput_smoke() {
                     s.spawn(|| {
                         let mut i = 0;
                         while Instant::now() < end {
-                            db.run(|tx| tx.add_blind(&t, "hot", 1)).unwrap();
+                            db.run(|tx| tx.add(&t, "hot", 1)).unwrap();
                             i += 1;
                         }
                         n.fetch_add(i, Ordering::Relaxed);
@@ -501,15 +501,15 @@ fn other_operations_on_a_split_record_are_stashed_and_rerun() {
     wait_split(&db);
     // In the split phase: ADD goes to a slice; MAX, a put and a read are stashed.
     let mut tx = db.begin();
-    tx.add_blind(&t, "k", 1).unwrap();
+    tx.add(&t, "k", 1).unwrap();
     tx.commit().unwrap();
     for f in [
-        (|tx: &mut shoal::Transaction<'_>, t: &Table| tx.max_blind(t, "k", 100))
+        (|tx: &mut shoal::Transaction<'_>, t: &Table| tx.max(t, "k", 100))
             as fn(&mut shoal::Transaction<'_>, &Table) -> shoal::Result<()>,
         |tx, t| tx.put(t, "k", 7i64.to_le_bytes()),
         |tx, t| tx.get(t, "k").map(|_| ()),
         |tx, t| tx.scan(t, ..).map(|_| ()),
-        |tx, t| tx.add(t, "k", 1).map(|_| ()),
+        |tx, t| tx.add_and_get(t, "k", 1).map(|_| ()),
     ] {
         let mut tx = db.begin();
         if db.doppel_stats().unwrap().phase == Some(Phase::Split) {
@@ -520,7 +520,7 @@ fn other_operations_on_a_split_record_are_stashed_and_rerun() {
             );
             // The transaction is over: later operations fail.
             assert!(matches!(
-                tx.add_blind(&t, "other", 1),
+                tx.add(&t, "other", 1),
                 Err(Error::TransactionAborted { .. })
             ));
         }
@@ -567,10 +567,10 @@ fn transfers_with_split_counters_keep_the_bank_invariant() {
                                 if bal < amount || from == to {
                                     return Ok(false);
                                 }
-                                tx.add(t, format!("a{from}"), -amount)?;
-                                tx.add(t, format!("a{to}"), amount)?;
-                                tx.add_blind(t, "transfers", 1)?;
-                                tx.max_blind(t, "largest", amount)?;
+                                tx.add_and_get(t, format!("a{from}"), -amount)?;
+                                tx.add_and_get(t, format!("a{to}"), amount)?;
+                                tx.add(t, "transfers", 1)?;
+                                tx.max(t, "largest", amount)?;
                                 Ok(true)
                             })
                             .unwrap();
@@ -641,7 +641,7 @@ fn a_stash_queue_keeps_the_worker_running_while_stashed_work_waits() {
         let queued = !queue.is_empty();
         let mut tx = db.begin();
         let res = if input % 2 == 0 {
-            tx.add_blind(&t, "hot", 1)
+            tx.add(&t, "hot", 1)
         } else {
             let key = format!("r{input}");
             tx.get_i64(&t, "hot")

@@ -52,7 +52,7 @@ fn committed_work_survives_reopen_and_aborted_work_does_not() {
         let mut tx = db.begin();
         tx.put(&t, b"aborted", b"x").expect("put");
         tx.abort();
-        db.run(|tx| tx.add(&t, b"counter", 5).map(|_| ()))
+        db.run(|tx| tx.add_and_get(&t, b"counter", 5).map(|_| ()))
             .expect("add");
         model.insert(b"counter".to_vec(), 5i64.to_le_bytes().to_vec());
     }
@@ -245,9 +245,9 @@ fn crash_child() {
         let b = t % BRANCHES;
         let delta = (rnd() % 1999) as i64 - 999;
         db.run(|tx| {
-            tx.add(&tables[0], k(a), delta)?;
-            tx.add(&tables[1], k(t), delta)?;
-            tx.add(&tables[2], k(b), delta)?;
+            tx.add_and_get(&tables[0], k(a), delta)?;
+            tx.add_and_get(&tables[1], k(t), delta)?;
+            tx.add_and_get(&tables[2], k(b), delta)?;
             tx.insert(&tables[3], k(seq), delta.to_le_bytes())
         })
         .expect("transfer");

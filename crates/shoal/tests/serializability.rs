@@ -443,7 +443,7 @@ fn split_attempt(db: &Database, t: &Table, id: u64, rng: &mut StdRng) -> shoal::
             }
             let k = counter(cepoch, j);
             if adder {
-                tx.add_blind(t, &k, 1i64 << bit)?;
+                tx.add(t, &k, 1i64 << bit)?;
                 rec.adds.push((k, bit));
             } else {
                 let seen = tx.get_i64(t, &k)?.unwrap_or(0);

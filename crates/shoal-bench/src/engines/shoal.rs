@@ -137,7 +137,7 @@ impl KvTx for ShoalTx<'_> {
 
     fn add(&mut self, table: TableId, key: &[u8], delta: i64) -> TxResult<i64> {
         let t = table_of(self.tables, table)?;
-        self.tx.add(t, key, delta).map_err(classify)
+        self.tx.add_and_get(t, key, delta).map_err(classify)
     }
 
     fn commit(self: Box<Self>) -> TxResult<()> {

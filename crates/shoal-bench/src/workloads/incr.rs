@@ -13,15 +13,15 @@
 //! * **incrz** (`--alpha A`): the counter is drawn Zipfian(A) (counter 0 the most popular);
 //!   A = 0 is uniform.
 //!
-//! Under `2pl`, `occ` and `none` the increment is [`Transaction::add`] (a read-modify-write);
-//! under `doppel` it is [`Transaction::add_blind`], which Doppel can split; under `atomic` it
+//! Under `2pl`, `occ` and `none` the increment is [`Transaction::add_and_get`] (a read-modify-write);
+//! under `doppel` it is [`Transaction::add`], which Doppel can split; under `atomic` it
 //! is an atomic `fetch_add` on an in-memory array of counters, with no transaction (the
 //! thesis' Atomic upper bound). The check: the counters (plus the atomic array) add up to the
 //! transactions committed.
 //!
 //! The portable INCR1 (`crate::portable::incr`, `--engine`) draws its counters with the same
 //! [`draw_incr1`]; this shoal-native variant stays apart for what the engine-neutral interface
-//! cannot express: Doppel's `add_blind` and split hints, `--cc atomic`, `--hot-move-every`
+//! cannot express: Doppel's `add` and split hints, `--cc atomic`, `--hot-move-every`
 //! and INCRZ's per-type statistics.
 
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -262,9 +262,9 @@ impl Workload for Incr {
 
     fn execute(&self, w: &IncrWorker, tx: &mut Transaction<'_>) -> shoal::Result<()> {
         if w.blind {
-            tx.add_blind(&self.table, w.key, 1)
+            tx.add(&self.table, w.key, 1)
         } else {
-            tx.add(&self.table, w.key, 1).map(|_| ())
+            tx.add_and_get(&self.table, w.key, 1).map(|_| ())
         }
     }
 

@@ -125,7 +125,7 @@ impl Workload for KeyRange {
             }
         }
         std::hint::black_box(sum);
-        tx.add(&self.table, key(w.update), 1)?;
+        tx.add_and_get(&self.table, key(w.update), 1)?;
         Ok(())
     }
 

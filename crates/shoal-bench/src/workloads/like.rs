@@ -4,8 +4,8 @@
 //! digits; value: the page the user last liked, 8-byte little-endian, −1 when none) and
 //! `pages` (key `p` + 15 hex digits; value: the page's like count). Users are drawn uniformly,
 //! pages Zipfian(`--alpha`). A share `--write-fraction` of the transactions are `write`s:
-//! PUT the user's last like, ADD 1 to the page's count ([`Transaction::add_blind`] under
-//! Doppel, so the count can be split; [`Transaction::add`] otherwise). The rest are `read`s:
+//! PUT the user's last like, ADD 1 to the page's count ([`Transaction::add`] under
+//! Doppel, so the count can be split; [`Transaction::add_and_get`] otherwise). The rest are `read`s:
 //! GET the user's last like and the page's count (stashed while the page is split).
 //!
 //! The check: the page counts add up to the committed writes, and every user's last like is
@@ -151,9 +151,9 @@ impl Workload for Like {
         if w.write {
             tx.put(&self.users, w.user_key, (w.page as i64).to_le_bytes())?;
             if w.blind {
-                tx.add_blind(&self.pages, w.page_key, 1)
+                tx.add(&self.pages, w.page_key, 1)
             } else {
-                tx.add(&self.pages, w.page_key, 1).map(|_| ())
+                tx.add_and_get(&self.pages, w.page_key, 1).map(|_| ())
             }
         } else {
             let last = tx.get(&self.users, w.user_key)?;

@@ -16,7 +16,12 @@ pub trait TxOps {
     type Error;
 
     /// Adds `delta` to an integer row and returns the new value.
-    fn add(&mut self, table: &Self::Table, key: &[u8], delta: i64) -> Result<i64, Self::Error>;
+    fn add_and_get(
+        &mut self,
+        table: &Self::Table,
+        key: &[u8],
+        delta: i64,
+    ) -> Result<i64, Self::Error>;
 
     /// Reads an integer row.
     fn get_i64(&mut self, table: &Self::Table, key: &[u8]) -> Result<Option<i64>, Self::Error>;
@@ -29,8 +34,8 @@ impl TxOps for Transaction<'_> {
     type Table = Table;
     type Error = shoal::Error;
 
-    fn add(&mut self, table: &Table, key: &[u8], delta: i64) -> shoal::Result<i64> {
-        Transaction::add(self, table, key, delta)
+    fn add_and_get(&mut self, table: &Table, key: &[u8], delta: i64) -> shoal::Result<i64> {
+        Transaction::add_and_get(self, table, key, delta)
     }
 
     fn get_i64(&mut self, table: &Table, key: &[u8]) -> shoal::Result<Option<i64>> {
@@ -46,7 +51,7 @@ impl TxOps for dyn KvTx + '_ {
     type Table = TableId;
     type Error = TxError;
 
-    fn add(&mut self, table: &TableId, key: &[u8], delta: i64) -> Result<i64, TxError> {
+    fn add_and_get(&mut self, table: &TableId, key: &[u8], delta: i64) -> Result<i64, TxError> {
         KvTx::add(self, *table, key, delta)
     }
 

@@ -25,9 +25,9 @@
 //! 50% of the transactions and scales the others down in proportion. The mix is our
 //! approximation: the thesis names the transactions Doppel changed, not their shares.
 //!
-//! Under `doppel` the metadata updates are the blind operations ([`Transaction::max_blind`],
-//! [`Transaction::add_blind`], `oput`, `topk_insert`); under the other modes `max` and `add`
-//! (read-modify-writes) and the same `oput`/`topk_insert`, which run as read-modify-writes
+//! Under `doppel` the metadata updates are the blind operations ([`Transaction::max`],
+//! [`Transaction::add`], `oput`, `topk_insert`); under the other modes `max_and_get` and
+//! `add_and_get` (read-modify-writes) and the same `oput`/`topk_insert`, which run as read-modify-writes
 //! there.
 //!
 //! **Check.** For every item: `numbids` equals the number of bids stored for it, `maxbid` the
@@ -285,15 +285,15 @@ impl Workload for Rubis {
                 let bid = k16(b'b', Rubis::uid(w));
                 tx.put(&t.bids, bid, bid_value(w.item, w.user, w.amount))?;
                 if w.blind {
-                    tx.max_blind(&t.maxbid, item, w.amount)?;
-                } else {
                     tx.max(&t.maxbid, item, w.amount)?;
+                } else {
+                    tx.max_and_get(&t.maxbid, item, w.amount)?;
                 }
                 tx.oput(&t.maxbidder, item, w.amount, user)?;
                 if w.blind {
-                    tx.add_blind(&t.numbids, item, 1)?;
-                } else {
                     tx.add(&t.numbids, item, 1)?;
+                } else {
+                    tx.add_and_get(&t.numbids, item, 1)?;
                 }
                 tx.topk_insert(&t.bidhist, item, w.amount, bid, BID_K)?;
             }
@@ -306,9 +306,9 @@ impl Workload for Rubis {
                 tx.put(&t.comments, c, v)?;
                 let s = k16(b'u', seller);
                 if w.blind {
-                    tx.add_blind(&t.rating, s, w.rating)?;
-                } else {
                     tx.add(&t.rating, s, w.rating)?;
+                } else {
+                    tx.add_and_get(&t.rating, s, w.rating)?;
                 }
             }
             STORE_ITEM => {

@@ -102,7 +102,7 @@ impl Workload for Tellers {
 
     fn execute(&self, w: &TellersWorker, tx: &mut Transaction<'_>) -> shoal::Result<()> {
         for &t in &w.cur {
-            tx.add(&self.teller, key(t), 1)?;
+            tx.add_and_get(&self.teller, key(t), 1)?;
         }
         Ok(())
     }

@@ -2,7 +2,7 @@
 //!
 //! Schema: tables `branch`, `teller`, `account` and `history`. Keys of the three balance
 //! tables are 8-byte big-endian ids (so key order is id order); their values are the balance
-//! alone, an 8-byte little-endian i64 updated with [`Transaction::add`], which returns the new
+//! alone, an 8-byte little-endian i64 updated with [`Transaction::add_and_get`], which returns the new
 //! balance and so stands in for TPC-B's read of the balance. TPC-B's 100-byte row filler is
 //! omitted for these three tables because shoal's integer operations act on 8-byte values.
 //! All balances start at 0.
@@ -153,7 +153,7 @@ impl<T> Tables<T> {
         }
         for (flag, table, id) in rows {
             if h.flags & flag != 0 {
-                tx.add(table, &id_key(id), h.delta)?;
+                tx.add_and_get(table, &id_key(id), h.delta)?;
             } else {
                 tx.get_i64(table, &id_key(id))?;
             }

@@ -520,7 +520,7 @@ mod tests {
                 assert!(w.update_txns.load(Ordering::Relaxed) > 0);
             }
             // Corrupt one row: the check must notice.
-            db.run(|tx| tx.add(&w.tables[1], row_key(0), 1).map(|_| ()))
+            db.run(|tx| tx.add_and_get(&w.tables[1], row_key(0), 1).map(|_| ()))
                 .unwrap_err();
             db.run(|tx| {
                 tx.update(&w.tables[1], row_key(0), |c| {

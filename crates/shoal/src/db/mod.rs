@@ -694,7 +694,7 @@ impl Database {
     /// let db = Database::in_memory_with(Options { cc: ConcurrencyControl::Doppel, ..Options::default() });
     /// let t = db.create_table("items")?;
     /// db.split_hint(&t, "max_bid", SplitOp::Max)?;
-    /// db.run(|tx| tx.max_blind(&t, "max_bid", 30))?;
+    /// db.run(|tx| tx.max(&t, "max_bid", 30))?;
     /// assert_eq!(db.run(|tx| tx.get_i64(&t, "max_bid"))?, Some(30));
     /// assert!(Database::in_memory().split_hint(&Database::in_memory().create_table("x")?, "k", SplitOp::Add).is_err());
     /// # Ok(())
@@ -856,7 +856,7 @@ impl Database {
     /// # fn main() -> shoal::Result<()> {
     /// let db = shoal::Database::in_memory();
     /// let t = db.create_table("counters")?;
-    /// let n = db.run(|tx| tx.add(&t, b"hits", 1))?;
+    /// let n = db.run(|tx| tx.add_and_get(&t, b"hits", 1))?;
     /// assert_eq!(n, 1);
     /// # Ok(())
     /// # }

@@ -39,7 +39,7 @@ pub enum ConcurrencyControl {
     Optimistic,
     /// Doppel phase reconciliation (Narula 2015): joined phases run [`Optimistic`](Self::Optimistic);
     /// split phases run the blind commutative operations on hot records
-    /// ([`Transaction::add_blind`](crate::Transaction::add_blind) and friends) on per-worker
+    /// ([`Transaction::add`](crate::Transaction::add) and friends) on per-worker
     /// slices, in parallel, and stash transactions that read those records until the next
     /// joined phase. Tuned by [`Options::doppel`]; see [`crate::doppel`].
     ///
@@ -51,7 +51,7 @@ pub enum ConcurrencyControl {
     /// let t = db.create_table("t")?;
     /// db.split_hint(&t, "hits", SplitOp::Add)?; // split "hits" for ADD from now on
     /// for _ in 0..10 {
-    ///     db.run(|tx| tx.add_blind(&t, "hits", 1))?;
+    ///     db.run(|tx| tx.add(&t, "hits", 1))?;
     /// }
     /// // A read is stashed while "hits" is split and runs in the next joined phase.
     /// assert_eq!(db.run(|tx| tx.get_i64(&t, "hits"))?, Some(10));

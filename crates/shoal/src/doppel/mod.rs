@@ -5,13 +5,13 @@
 //! the optimistic (Silo) protocol of [`ConcurrencyControl::Optimistic`](crate::ConcurrencyControl::Optimistic),
 //! and *split* phases, where a set of hot records is *split*: each has one *selected
 //! operation* ([`SplitOp`]: ADD, MAX, MIN, OPUT, TOPKINSERT(K)) and every use of that operation
-//! through the blind API ([`Transaction::add_blind`](crate::Transaction::add_blind),
-//! [`max_blind`](crate::Transaction::max_blind), [`min_blind`](crate::Transaction::min_blind),
+//! through the blind API ([`Transaction::add`](crate::Transaction::add),
+//! [`max`](crate::Transaction::max), [`min`](crate::Transaction::min),
 //! [`oput`](crate::Transaction::oput), [`topk_insert`](crate::Transaction::topk_insert)) is
 //! buffered in the transaction's split write set and, once the transaction's OCC commit
 //! succeeded, folded into the committing worker's *slice* of the record (OP_delta) instead of
 //! the record. Anything else on a split record in a split phase — a read (`get`, a scan over
-//! it, the value-returning `add`/`max`/`min`), a `put`/`insert`/`delete`, or a different
+//! it, the value-returning `add_and_get`/`max_and_get`/`min_and_get`), a `put`/`insert`/`delete`, or a different
 //! operation — *stashes* the transaction: it fails with the retryable [`Error::Stashed`]
 //! (and is rolled back), and the thread's next [`Database::begin`] waits for the next joined
 //! phase, so [`Database::run`] re-runs it there (not counted as a retry, no backoff). A
@@ -1033,7 +1033,7 @@ impl Drop for Pin {
 ///     let input = queue.pop_ready().unwrap_or_else(|| { next += 1; next });
 ///     let mut tx = db.begin();
 ///     let res = if input % 2 == 0 {
-///         tx.add_blind(&t, b"hot", 1)
+///         tx.add(&t, b"hot", 1)
 ///     } else {
 ///         tx.get(&t, b"hot").map(|_| ())              // stashed while `hot` is split
 ///     };

@@ -792,7 +792,7 @@ impl<'db> Transaction<'db> {
     /// # fn main() -> shoal::Result<()> {
     /// let db = shoal::Database::in_memory();
     /// let t = db.create_table("t")?;
-    /// db.run(|tx| tx.add(&t, "n", 5).map(|_| ()))?;
+    /// db.run(|tx| tx.add_and_get(&t, "n", 5).map(|_| ()))?;
     /// assert_eq!(db.run(|tx| tx.get_i64(&t, "n"))?, Some(5));
     /// db.run(|tx| tx.put(&t, "s", "text"))?;
     /// assert!(matches!(db.run(|tx| tx.get_i64(&t, "s")), Err(shoal::Error::NotAnInteger { .. })));
@@ -1076,50 +1076,55 @@ impl<'db> Transaction<'db> {
     /// new value. Fails with [`Error::NotAnInteger`] on a value that is not 8 bytes and
     /// [`Error::Overflow`] when the sum does not fit.
     ///
+    /// Returning the new value makes this a read of the record: under Doppel it cannot run on
+    /// a split record's per-worker slice (the transaction is stashed until the next joined
+    /// phase). When the caller does not need the result, [`add`](Self::add) is the
+    /// commutative form that Doppel can split.
+    ///
     /// ```
     /// # fn main() -> shoal::Result<()> {
     /// let db = shoal::Database::in_memory();
     /// let t = db.create_table("t")?;
-    /// assert_eq!(db.run(|tx| tx.add(&t, "n", 2))?, 2);
-    /// assert_eq!(db.run(|tx| tx.add(&t, "n", -5))?, -3);
+    /// assert_eq!(db.run(|tx| tx.add_and_get(&t, "n", 2))?, 2);
+    /// assert_eq!(db.run(|tx| tx.add_and_get(&t, "n", -5))?, -3);
     /// # Ok(())
     /// # }
     /// ```
-    pub fn add(&mut self, table: &Table, key: impl AsRef<[u8]>, delta: i64) -> Result<i64> {
+    pub fn add_and_get(&mut self, table: &Table, key: impl AsRef<[u8]>, delta: i64) -> Result<i64> {
         self.int_op(table, key.as_ref(), |cur| {
             cur.unwrap_or(0).checked_add(delta)
         })
     }
 
     /// Stores the larger of the current integer and `v` (a missing key takes `v`); returns
-    /// the stored value.
+    /// the stored value. [`max`](Self::max) is the form without a result that Doppel can split.
     ///
     /// ```
     /// # fn main() -> shoal::Result<()> {
     /// let db = shoal::Database::in_memory();
     /// let t = db.create_table("t")?;
-    /// assert_eq!(db.run(|tx| tx.max(&t, "bid", 10))?, 10);
-    /// assert_eq!(db.run(|tx| tx.max(&t, "bid", 7))?, 10);
+    /// assert_eq!(db.run(|tx| tx.max_and_get(&t, "bid", 10))?, 10);
+    /// assert_eq!(db.run(|tx| tx.max_and_get(&t, "bid", 7))?, 10);
     /// # Ok(())
     /// # }
     /// ```
-    pub fn max(&mut self, table: &Table, key: impl AsRef<[u8]>, v: i64) -> Result<i64> {
+    pub fn max_and_get(&mut self, table: &Table, key: impl AsRef<[u8]>, v: i64) -> Result<i64> {
         self.int_op(table, key.as_ref(), |cur| Some(cur.map_or(v, |c| c.max(v))))
     }
 
     /// Stores the smaller of the current integer and `v` (a missing key takes `v`); returns
-    /// the stored value.
+    /// the stored value. [`min`](Self::min) is the form without a result that Doppel can split.
     ///
     /// ```
     /// # fn main() -> shoal::Result<()> {
     /// let db = shoal::Database::in_memory();
     /// let t = db.create_table("t")?;
-    /// assert_eq!(db.run(|tx| tx.min(&t, "low", 10))?, 10);
-    /// assert_eq!(db.run(|tx| tx.min(&t, "low", 7))?, 7);
+    /// assert_eq!(db.run(|tx| tx.min_and_get(&t, "low", 10))?, 10);
+    /// assert_eq!(db.run(|tx| tx.min_and_get(&t, "low", 7))?, 7);
     /// # Ok(())
     /// # }
     /// ```
-    pub fn min(&mut self, table: &Table, key: impl AsRef<[u8]>, v: i64) -> Result<i64> {
+    pub fn min_and_get(&mut self, table: &Table, key: impl AsRef<[u8]>, v: i64) -> Result<i64> {
         self.int_op(table, key.as_ref(), |cur| Some(cur.map_or(v, |c| c.min(v))))
     }
 

@@ -11,7 +11,7 @@
 //! (spinning briefly, then yielding) and gives up with [`Error::Conflict`] after a few
 //! milliseconds.
 //!
-//! **Execution.** Reads (`get`, and the read half of `insert`, `delete`, `add`, `max`, `min`)
+//! **Execution.** Reads (`get`, and the read half of `insert`, `delete`, `add_and_get`, `max_and_get`, `min_and_get`)
 //! first look in the transaction's write set (reads see own writes), otherwise copy value and
 //! TID from the tree and append `(key, TID)` to the read set; a missing key (no record, or a
 //! ghost with its TID) is recorded as well. Writes are buffered in the write set, a map
@@ -448,7 +448,7 @@ impl Transaction<'_> {
         self.charge(key, value.as_ref().map_or(0, Vec::len))?;
         let tid = table_of(&self.tables, slot).inner.id;
         let st = self.occ_state();
-        // A read-modify-write (`add`, `insert`, `delete`, ...) has just read the key: start
+        // A read-modify-write (`add_and_get`, `insert`, `delete`, ...) has just read the key: start
         // from the leaf that read found.
         let hint = st
             .reads
@@ -920,10 +920,10 @@ mod tests {
         assert!(!tx.delete(&t, "d").unwrap());
         assert_eq!(tx.get(&t, "a").unwrap(), Some(b"new".to_vec()));
         assert_eq!(tx.get(&t, "d").unwrap(), None);
-        assert_eq!(tx.add(&t, "n", 2).unwrap(), 7);
-        assert_eq!(tx.add(&t, "n", 1).unwrap(), 8);
-        assert_eq!(tx.max(&t, "n", 3).unwrap(), 8);
-        assert_eq!(tx.min(&t, "n", 3).unwrap(), 3);
+        assert_eq!(tx.add_and_get(&t, "n", 2).unwrap(), 7);
+        assert_eq!(tx.add_and_get(&t, "n", 1).unwrap(), 8);
+        assert_eq!(tx.max_and_get(&t, "n", 3).unwrap(), 8);
+        assert_eq!(tx.min_and_get(&t, "n", 3).unwrap(), 3);
         assert!(matches!(
             tx.insert(&t, "b", "again"),
             Err(Error::DuplicateKey { .. })
@@ -985,7 +985,7 @@ mod tests {
         let mut t1 = db.begin();
         assert_eq!(t1.get_i64(&t, "next").unwrap(), Some(0));
         db.run(|tx| {
-            tx.add(&t, "next", 1)?;
+            tx.add_and_get(&t, "next", 1)?;
             tx.insert(&t, "order/0", "t2")
         })
         .unwrap();
@@ -1175,7 +1175,7 @@ mod tests {
         // Read-modify-writes, reads and blind writes whose leaves split before commit.
         let mut t1 = db.begin();
         for i in 0..10 {
-            assert_eq!(t1.add(&t, key(i), 1).unwrap(), 1);
+            assert_eq!(t1.add_and_get(&t, key(i), 1).unwrap(), 1);
             t1.get(&t, key(i + 10)).unwrap();
         }
         t1.put(&t, "k5000000", "new").unwrap();
@@ -1186,10 +1186,11 @@ mod tests {
         // the lock phase's hints.
         let mut t2 = db.begin();
         t2.get(&t, key(15)).unwrap();
-        t2.add(&t, key(3), 1).unwrap();
+        t2.add_and_get(&t, key(3), 1).unwrap();
         t2.insert(&t, "k0000001a", "p").unwrap();
         fill(3000);
-        db.run(|tx| tx.add(&t, key(15), 5).map(|_| ())).unwrap();
+        db.run(|tx| tx.add_and_get(&t, key(15), 5).map(|_| ()))
+            .unwrap();
         assert!(is_conflict(t2.commit()));
         db.run(|tx| {
             for i in 0..20 {
@@ -1207,7 +1208,8 @@ mod tests {
         .unwrap();
         // Nothing stays locked, and the aborted insert left no placeholder.
         assert_eq!(db.debug_index_len("t").unwrap(), 20 + 1 + 6000);
-        db.run(|tx| tx.add(&t, key(3), 1).map(|_| ())).unwrap();
+        db.run(|tx| tx.add_and_get(&t, key(3), 1).map(|_| ()))
+            .unwrap();
         let tree = &db.table("t").unwrap().inner.tree;
         assert_eq!(tree.check_invariants(), Ok(()));
     }
@@ -1222,8 +1224,8 @@ mod tests {
                 s.spawn(move || {
                     for i in 0..300 {
                         db.run(|tx| {
-                            tx.add(t, [(i + th) as u8 % 3], 1)?;
-                            tx.add(t, "total", 1)
+                            tx.add_and_get(t, [(i + th) as u8 % 3], 1)?;
+                            tx.add_and_get(t, "total", 1)
                         })
                         .unwrap();
                     }
@@ -1251,7 +1253,7 @@ mod tests {
             db.run(|tx| {
                 tx.put(&t, "a", "1")?;
                 tx.put(&t, "b", "2")?;
-                tx.add(&t, "n", 7).map(|_| ())
+                tx.add_and_get(&t, "n", 7).map(|_| ())
             })
             .unwrap();
             db.run(|tx| tx.delete(&t, "b").map(|_| ())).unwrap();
@@ -1272,7 +1274,7 @@ mod tests {
         ];
         assert_eq!(rows, want);
         // Recovered records start at TID 0; new commits still validate and install.
-        db.run(|tx| tx.add(&t, "n", 1)).unwrap();
+        db.run(|tx| tx.add_and_get(&t, "n", 1)).unwrap();
         assert!(db.checkpoint().unwrap().is_some());
         drop(db);
         let db = Database::open(dir.path(), occ()).unwrap();

@@ -183,7 +183,7 @@ impl Transaction<'_> {
     /// ADD(k, n) without a result (thesis §4.4): adds `n` to the 8-byte integer at `key` (a
     /// missing key counts as 0). Under [`ConcurrencyControl::Doppel`](crate::ConcurrencyControl::Doppel)
     /// it runs on a per-worker slice when `key` is split for ADD; under every other mode (and
-    /// in joined phases) it is [`add`](Self::add) without the result. Overflow fails with
+    /// in joined phases) it is [`add_and_get`](Self::add_and_get) without the result. Overflow fails with
     /// [`Error::Overflow`], except on a split record, where the reconciled sum saturates at
     /// the `i64` bounds.
     ///
@@ -191,45 +191,45 @@ impl Transaction<'_> {
     /// # fn main() -> shoal::Result<()> {
     /// let db = shoal::Database::in_memory();
     /// let t = db.create_table("t")?;
-    /// db.run(|tx| tx.add_blind(&t, "likes", 2))?;
-    /// db.run(|tx| tx.add_blind(&t, "likes", 3))?;
+    /// db.run(|tx| tx.add(&t, "likes", 2))?;
+    /// db.run(|tx| tx.add(&t, "likes", 3))?;
     /// assert_eq!(db.run(|tx| tx.get_i64(&t, "likes"))?, Some(5));
     /// # Ok(())
     /// # }
     /// ```
-    pub fn add_blind(&mut self, table: &Table, key: impl AsRef<[u8]>, n: i64) -> Result<()> {
+    pub fn add(&mut self, table: &Table, key: impl AsRef<[u8]>, n: i64) -> Result<()> {
         self.blind(table, key.as_ref(), Delta::Add(n))
     }
 
     /// MAX(k, n) without a result: stores the larger of the integer at `key` and `n` (a
-    /// missing key takes `n`). Splittable like [`add_blind`](Self::add_blind).
+    /// missing key takes `n`). Splittable like [`add`](Self::add).
     ///
     /// ```
     /// # fn main() -> shoal::Result<()> {
     /// let db = shoal::Database::in_memory();
     /// let t = db.create_table("t")?;
-    /// db.run(|tx| { tx.max_blind(&t, "hi", 4)?; tx.max_blind(&t, "hi", 2) })?;
+    /// db.run(|tx| { tx.max(&t, "hi", 4)?; tx.max(&t, "hi", 2) })?;
     /// assert_eq!(db.run(|tx| tx.get_i64(&t, "hi"))?, Some(4));
     /// # Ok(())
     /// # }
     /// ```
-    pub fn max_blind(&mut self, table: &Table, key: impl AsRef<[u8]>, n: i64) -> Result<()> {
+    pub fn max(&mut self, table: &Table, key: impl AsRef<[u8]>, n: i64) -> Result<()> {
         self.blind(table, key.as_ref(), Delta::Max(n))
     }
 
     /// MIN(k, n) without a result: stores the smaller of the integer at `key` and `n` (a
-    /// missing key takes `n`). Splittable like [`add_blind`](Self::add_blind).
+    /// missing key takes `n`). Splittable like [`add`](Self::add).
     ///
     /// ```
     /// # fn main() -> shoal::Result<()> {
     /// let db = shoal::Database::in_memory();
     /// let t = db.create_table("t")?;
-    /// db.run(|tx| { tx.min_blind(&t, "lo", 4)?; tx.min_blind(&t, "lo", 2) })?;
+    /// db.run(|tx| { tx.min(&t, "lo", 4)?; tx.min(&t, "lo", 2) })?;
     /// assert_eq!(db.run(|tx| tx.get_i64(&t, "lo"))?, Some(2));
     /// # Ok(())
     /// # }
     /// ```
-    pub fn min_blind(&mut self, table: &Table, key: impl AsRef<[u8]>, n: i64) -> Result<()> {
+    pub fn min(&mut self, table: &Table, key: impl AsRef<[u8]>, n: i64) -> Result<()> {
         self.blind(table, key.as_ref(), Delta::Min(n))
     }
 

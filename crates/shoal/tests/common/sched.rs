@@ -88,7 +88,7 @@ pub fn delete(k: &str) -> Op {
 pub enum Obs {
     /// A write.
     Unit,
-    /// An integer read (or the result of `add`).
+    /// An integer read (or the result of `add_and_get`).
     Val(Option<i64>),
     /// `delete`'s result.
     Bool(bool),
@@ -165,7 +165,7 @@ fn exec(
             tx.put(t, k, enc(base + d))?;
             Obs::Unit
         }
-        Op::Add(k, d) => Obs::Val(Some(tx.add(t, k, *d)?)),
+        Op::Add(k, d) => Obs::Val(Some(tx.add_and_get(t, k, *d)?)),
         Op::Insert(k, v) => match tx.insert(t, k, enc(*v)) {
             Ok(()) => Obs::Unit,
             Err(Error::DuplicateKey { .. }) => Obs::Duplicate,

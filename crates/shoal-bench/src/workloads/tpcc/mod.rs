@@ -23,7 +23,7 @@
 //!
 //! The counters that every Payment or NewOrder of a warehouse or district updates (`W_YTD`,
 //! `D_YTD`, `D_NEXT_O_ID`) live under their own keys as 8-byte integers, updated with
-//! [`Transaction::add`]: an exclusive lock from the start (no shared-to-exclusive upgrade, so no
+//! [`Transaction::add_and_get`]: an exclusive lock from the start (no shared-to-exclusive upgrade, so no
 //! upgrade deadlocks between Payments), and NewOrder's read of the warehouse and district rows
 //! (the taxes) does not conflict with Payment's update of the year-to-date amounts. Rows are
 //! compact binary encodings (integers fixed-width little-endian, strings with a 2-byte length);
@@ -1159,11 +1159,11 @@ mod tests {
     fn check_catches_injected_inconsistencies() {
         let (db, t) = tiny(1);
         // Condition 1: a district's YTD moves without its warehouse's.
-        db.run(|tx| tx.add(&t.district, dkey(1, 3, 1), 100).map(|_| ()))
+        db.run(|tx| tx.add_and_get(&t.district, dkey(1, 3, 1), 100).map(|_| ()))
             .unwrap();
         let e = t.check_db(&db).unwrap_err().to_string();
         assert!(e.contains("condition 1"), "{e}");
-        db.run(|tx| tx.add(&t.district, dkey(1, 3, 1), -100).map(|_| ()))
+        db.run(|tx| tx.add_and_get(&t.district, dkey(1, 3, 1), -100).map(|_| ()))
             .unwrap();
         t.check_db(&db).unwrap();
         // Condition 3: a hole in the new orders.

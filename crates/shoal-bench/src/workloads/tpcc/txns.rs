@@ -152,7 +152,7 @@ impl Tpcc {
             .get(&self.district, dkey(w, d, 0))?
             .ok_or_else(|| malformed("district"))?;
         let d_tax = Place::decode(&dv).ok_or_else(|| malformed("district"))?.tax;
-        let o = u32::try_from(tx.add(&self.district, dkey(w, d, 2), 1)? - 1)
+        let o = u32::try_from(tx.add_and_get(&self.district, dkey(w, d, 2), 1)? - 1)
             .map_err(|_| malformed("district"))?;
         let (_, cust) = self.find_customer(tx, w, d, &CustomerBy::Id(c))?;
         let all_local = u8::from(lines.iter().all(|l| l.supply_w == w));
@@ -226,12 +226,12 @@ impl Tpcc {
         now: u64,
         hkey: [u8; 10],
     ) -> shoal::Result<()> {
-        tx.add(&self.warehouse, wkey(w, 1), amount)?;
+        tx.add_and_get(&self.warehouse, wkey(w, 1), amount)?;
         let wv = tx
             .get(&self.warehouse, wkey(w, 0))?
             .ok_or_else(|| malformed("warehouse"))?;
         let wp = Place::decode(&wv).ok_or_else(|| malformed("warehouse"))?;
-        tx.add(&self.district, dkey(w, d, 1), amount)?;
+        tx.add_and_get(&self.district, dkey(w, d, 1), amount)?;
         let dv = tx
             .get(&self.district, dkey(w, d, 0))?
             .ok_or_else(|| malformed("district"))?;

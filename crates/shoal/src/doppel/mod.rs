@@ -102,7 +102,7 @@ use crate::error::{Error, Result};
 use crate::lock::TableId;
 use crate::log::record::{LogRecord, Write as LogWrite};
 use crate::storage::btree::Record;
-use crate::txn::occ::LOCK_BIT;
+use crate::txn::occ::reconciled_tid;
 
 /// Parameters of Doppel, with the thesis' values as defaults (§3.5, §3.6, §7).
 ///
@@ -320,6 +320,9 @@ fn epoch_of(w: u64) -> u64 {
 }
 
 pub(crate) type Key = (TableId, Box<[u8]>);
+
+/// A split operation a transaction applies at commit: table, key and the operation.
+pub(crate) type SplitWrite = (TableId, Box<[u8]>, Delta);
 
 /// A key's hash, for matching a conflict to the operation that used the key.
 pub(crate) fn key_hash(key: &[u8]) -> u64 {
@@ -551,7 +554,7 @@ impl Doppel {
     }
 
     /// Folds a committed transaction's split operations into its slot's slices (OP_delta).
-    pub(crate) fn apply_slices(&self, slot: usize, sw: Vec<(TableId, Box<[u8]>, Delta)>) {
+    pub(crate) fn apply_slices(&self, slot: usize, sw: Vec<SplitWrite>) {
         let mut d = self.slots[slot].data.lock();
         for (t, k, delta) in sw {
             match d.slices.entry((t, k)) {
@@ -779,7 +782,7 @@ impl Doppel {
                         *rec = Some(Record {
                             value,
                             ghost: false,
-                            tid: ((tid & !LOCK_BIT) + 1) & !LOCK_BIT,
+                            tid: reconciled_tid(tid),
                         });
                     }
                 });

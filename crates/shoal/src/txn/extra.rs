@@ -8,7 +8,7 @@
 //! (Kimura et al. 2012, Fig. 4). [`Transaction::update`] rewrites a value from its current
 //! contents under one exclusive key lock (no shared-to-exclusive conversion).
 
-use super::{Transaction, WriteKind};
+use super::{dispatch, Cc, Protocol, Transaction};
 use crate::db::Table;
 use crate::error::{Error, Result};
 use crate::lock::{LockId, LockMode};
@@ -55,19 +55,17 @@ impl Transaction<'_> {
     /// # }
     /// ```
     pub fn lock_table(&mut self, table: &Table, mode: LockMode) -> Result<()> {
-        self.active()?;
+        self.cx.active()?;
         check_coarse(mode)?;
         // No slot in `self.tables`: a coarse lock needs only the id (and the handle's
         // reference count is a cache line every thread using the table would write).
-        self.check_table(table)?;
-        if !self.locking {
-            return Ok(());
-        }
+        self.cx.check_table(table)?;
         let tid = table.inner.id;
-        self.coarse_lock(&[
+        let locks = [
             (0, LockId::Database, parent_intent(mode)),
             (tid, LockId::Table(tid), mode),
-        ])
+        ];
+        dispatch!(&mut self.cc, p => p.lock_coarse(&mut self.cx, &locks))
     }
 
     /// Takes `mode` (IS, IX, S, SIX or X) on the whole database until the transaction ends.
@@ -86,31 +84,10 @@ impl Transaction<'_> {
     /// # }
     /// ```
     pub fn lock_database(&mut self, mode: LockMode) -> Result<()> {
-        self.active()?;
+        self.cx.active()?;
         check_coarse(mode)?;
-        if !self.locking {
-            return Ok(());
-        }
-        self.coarse_lock(&[(0, LockId::Database, mode)])
-    }
-
-    /// Takes each `(lightweight-intent object, lock name, mode)` in order, through the
-    /// lightweight intent lock table when it is on, else through the lock table.
-    fn coarse_lock(&mut self, locks: &[(u32, LockId, LockMode)]) -> Result<()> {
-        if let Some(lil) = &self.db.inner.lil {
-            for (obj, id, mode) in locks {
-                if let Err(f) = Self::acquire_intent(lil, &mut self.intents, *obj, *mode) {
-                    let e = self.lock_error(id, f);
-                    self.fail(&e);
-                    return Err(e);
-                }
-            }
-            return Ok(());
-        }
-        for (_, id, mode) in locks {
-            self.lock(id.clone(), *mode)?;
-        }
-        Ok(())
+        let locks = [(0, LockId::Database, mode)];
+        dispatch!(&mut self.cc, p => p.lock_coarse(&mut self.cx, &locks))
     }
 
     /// Replaces the value of `key` with `f(current value)` (`None` when the key is absent,
@@ -136,26 +113,15 @@ impl Transaction<'_> {
         mut f: impl FnMut(Option<&[u8]>) -> Vec<u8>,
     ) -> Result<usize> {
         let key = key.as_ref();
-        self.active()?;
-        self.check_key(key)?;
-        let slot = self.table_slot(table)?;
-        let max = self.db.inner.opts.max_value_len;
-        if self.occ.is_some() {
-            let cur = self.occ_read(slot, key)?;
-            let v = f(cur.as_deref());
-            self.check_value(&v)?;
-            self.occ_write(slot, key, &v, WriteKind::Put)?;
-            return Ok(v.len());
-        }
-        self.intent(slot, true)?;
-        self.lock(self.key_id(slot, key), LockMode::XN)?;
-        self.modify(slot, key, |cur| {
+        let slot = self.open(table, key)?;
+        let max = self.cx.inner().opts.max_value_len;
+        let f = |cur: Option<&[u8]>| {
             let v = f(cur);
             if v.len() > max {
                 return Err(Error::ValueTooLarge { len: v.len(), max });
             }
             Ok(v)
-        })
-        .map(|v| v.len())
+        };
+        dispatch!(&mut self.cc, p => p.update(&mut self.cx, slot, key, f))
     }
 }

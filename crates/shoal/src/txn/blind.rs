@@ -1,190 +1,25 @@
-//! The transaction side of Doppel (see [`crate::doppel`]) and the blind commutative
-//! operations, which every concurrency control runs (as read-modify-writes outside Doppel's
-//! split phases).
+//! The blind commutative operations (Doppel thesis §4.4) and the reads of their values.
+//! Every protocol runs them, as read-modify-writes; Doppel runs them on per-worker slices
+//! when the record is split for the operation (see [`crate::doppel`] and `txn::doppel`).
 
-use std::ops::Bound;
-
-use super::Transaction;
-use crate::db::{Database, Table};
-use crate::doppel::{worker_id, Delta, Entered, OrderedTuple};
-use crate::error::{show_key, Error, Result};
-use crate::lock::{LockMode, TableId};
-
-pub(crate) use crate::doppel::OpClass;
-
-/// A Doppel transaction's phase, split write set and statistics.
-pub(crate) struct DopTxn {
-    e: Entered,
-    /// Split operations to fold into the slices at commit.
-    sw: Vec<(TableId, Box<[u8]>, Delta)>,
-    /// What the transaction did with which record (key hashes: no allocation), for the
-    /// classification.
-    ops: Vec<(TableId, u64, OpClass)>,
-    /// The keys of `ops`, kept only by sampled transactions.
-    keys: Vec<Box<[u8]>>,
-    /// The record that failed this transaction's validation.
-    conflict: Option<(TableId, Box<[u8]>)>,
-}
-
-impl DopTxn {
-    pub(super) fn begin(db: &Database) -> Option<Box<DopTxn>> {
-        let rt = db.inner.doppel()?;
-        Some(Box::new(DopTxn {
-            e: rt.enter(false),
-            sw: Vec::new(),
-            ops: Vec::new(),
-            keys: Vec::new(),
-            conflict: None,
-        }))
-    }
-}
-
-impl DopTxn {
-    fn note(&mut self, table: TableId, key: &[u8], class: OpClass) {
-        self.ops.push((table, crate::doppel::key_hash(key), class));
-        if self.e.sampled {
-            self.keys.push(key.into());
-        }
-    }
-}
+use super::{dispatch, Cc, Protocol, Transaction};
+use crate::db::Table;
+use crate::doppel::{worker_id, Delta, OrderedTuple};
+use crate::error::Result;
 
 impl Transaction<'_> {
-    /// Counts a non-blind access and stashes the transaction if it touches a split record.
-    pub(super) fn dop_access(&mut self, slot: u16, key: &[u8], class: OpClass) -> Result<()> {
-        let Some(d) = self.dop.as_deref_mut() else {
-            return Ok(());
-        };
-        let table = self.tables[slot as usize].inner.id;
-        d.note(table, key, class);
-        if !d.e.split {
-            return Ok(());
-        }
-        match d.e.split_op(table, key) {
-            None => Ok(()),
-            Some(op) => Err(self.dop_stash(format!("key {} is split for {op:?}", show_key(key)))),
-        }
-    }
-
-    /// Stashes a scan over a range holding a split record.
-    pub(super) fn dop_scan(&mut self, slot: u16, lo: Bound<&[u8]>, hi: Bound<&[u8]>) -> Result<()> {
-        let Some(d) = self.dop.as_deref() else {
-            return Ok(());
-        };
-        if !d.e.split {
-            return Ok(());
-        }
-        let table = self.tables[slot as usize].inner.id;
-        if d.e.split_in_range(table, lo, hi) {
-            return Err(self.dop_stash("a scanned range holds a split key".into()));
-        }
-        Ok(())
-    }
-
-    fn dop_stash(&mut self, detail: String) -> Error {
-        let e = Error::Stashed {
-            txn: self.id,
-            detail,
-        };
-        self.failed = Some(e.to_string());
-        if let Some(st) = self.occ.as_deref_mut() {
-            st.clear();
-        }
-        if let (Some(rt), Some(d)) = (self.db.inner.doppel(), self.dop.as_deref_mut()) {
-            d.sw.clear();
-            rt.stash(d.e.epoch);
-        }
-        e
-    }
-
-    /// Remembers the record that failed validation (for the classification).
-    pub(super) fn note_conflict(&mut self, slot: u16, key: &[u8]) {
-        let table = self.tables[slot as usize].inner.id;
-        if let Some(d) = self.dop.as_deref_mut() {
-            d.conflict = Some((table, key.into()));
-        }
-    }
-
-    pub(super) fn take_split_writes(&mut self) -> Vec<(TableId, Box<[u8]>, Delta)> {
-        self.dop
-            .as_deref_mut()
-            .map(|d| std::mem::take(&mut d.sw))
-            .unwrap_or_default()
-    }
-
-    pub(super) fn apply_split_writes(&mut self, sw: Vec<(TableId, Box<[u8]>, Delta)>) {
-        if sw.is_empty() {
-            return;
-        }
-        if let (Some(rt), Some(d)) = (self.db.inner.doppel(), self.dop.as_deref()) {
-            rt.apply_slices(d.e.slot, sw);
-        }
-    }
-
-    /// Leaves the phase (the transaction is over): records statistics.
-    pub(super) fn dop_end(&mut self) {
-        let Some(d) = self.dop.take() else { return };
-        if let Some(rt) = self.db.inner.doppel() {
-            rt.record(d.e.slot, &d.ops, &d.keys, d.e.sampled, d.conflict);
-            rt.exit(d.e.slot);
-        }
-    }
-
     /// Applies a blind operation: to the split write set when the record is split for it in
     /// this split phase, otherwise as a read-modify-write under the current protocol.
     fn blind(&mut self, table: &Table, key: &[u8], delta: Delta) -> Result<()> {
-        self.active()?;
-        self.check_key(key)?;
-        let slot = self.table_slot(table)?;
-        if let Some(d) = self.dop.as_deref_mut() {
-            let tid = self.tables[slot as usize].inner.id;
-            let op = delta.op();
-            if d.e.split {
-                match d.e.split_op(tid, key) {
-                    Some(sel) if sel == op => {
-                        // A split operation cannot conflict: count it only when sampled.
-                        if d.e.sampled {
-                            d.note(tid, key, OpClass::Split(op));
-                        }
-                        d.sw.push((tid, key.into(), delta));
-                        return Ok(());
-                    }
-                    Some(sel) => {
-                        d.note(tid, key, OpClass::Split(op));
-                        return Err(self.dop_stash(format!(
-                            "key {} is split for {sel:?}, not {op:?}",
-                            show_key(key)
-                        )));
-                    }
-                    None => {}
-                }
-            }
-            d.note(tid, key, OpClass::Split(op));
-        }
-        if self.occ.is_some() {
-            let cur = self.occ_read(slot, key)?;
-            let new = delta.apply(key, cur.as_deref(), false)?;
-            self.check_value(&new)?;
-            self.occ_buffer(slot, key, Some(new))?;
-            return Ok(());
-        }
-        self.intent(slot, true)?;
-        self.lock(self.key_id(slot, key), LockMode::XN)?;
-        let max = self.db.inner.opts.max_value_len;
-        self.modify(slot, key, |cur| {
-            let v = delta.apply(key, cur, false)?;
-            if v.len() > max {
-                return Err(Error::ValueTooLarge { len: v.len(), max });
-            }
-            Ok(v)
-        })
-        .map(|_| ())
+        let slot = self.open(table, key)?;
+        dispatch!(&mut self.cc, p => p.blind(&mut self.cx, slot, key, delta))
     }
 
     /// ADD(k, n) without a result (thesis §4.4): adds `n` to the 8-byte integer at `key` (a
     /// missing key counts as 0). Under [`ConcurrencyControl::Doppel`](crate::ConcurrencyControl::Doppel)
     /// it runs on a per-worker slice when `key` is split for ADD; under every other mode (and
     /// in joined phases) it is [`add_and_get`](Self::add_and_get) without the result. Overflow fails with
-    /// [`Error::Overflow`], except on a split record, where the reconciled sum saturates at
+    /// [`Error::Overflow`](crate::Error::Overflow), except on a split record, where the reconciled sum saturates at
     /// the `i64` bounds.
     ///
     /// ```
@@ -257,7 +92,7 @@ impl Transaction<'_> {
         value: impl AsRef<[u8]>,
     ) -> Result<()> {
         let value = value.as_ref();
-        self.check_value(value)?;
+        self.cx.check_value(value)?;
         let t = OrderedTuple {
             order,
             writer: worker_id(),
@@ -297,7 +132,7 @@ impl Transaction<'_> {
         k: u32,
     ) -> Result<()> {
         let value = value.as_ref();
-        self.check_value(value)?;
+        self.cx.check_value(value)?;
         let t = OrderedTuple {
             order,
             writer: worker_id(),
@@ -307,7 +142,7 @@ impl Transaction<'_> {
     }
 
     /// Reads the ordered tuple at `key` (written by [`oput`](Self::oput)), or `None` when
-    /// absent; [`Error::WrongType`] when the value is not a tuple. A read like
+    /// absent; [`Error::WrongType`](crate::Error::WrongType) when the value is not a tuple. A read like
     /// [`get`](Self::get): stashed while `key` is split.
     ///
     /// ```
@@ -332,7 +167,7 @@ impl Transaction<'_> {
     }
 
     /// Reads the top-K set at `key` (written by [`topk_insert`](Self::topk_insert)), largest
-    /// order first; empty when absent; [`Error::WrongType`] when the value is not a set.
+    /// order first; empty when absent; [`Error::WrongType`](crate::Error::WrongType) when the value is not a set.
     ///
     /// ```
     /// # fn main() -> shoal::Result<()> {

@@ -1,0 +1,283 @@
+//! Commit: durability tickets, the wait for the log, and two-phase locking's commit with early
+//! lock release.
+//!
+//! Every protocol that logs ends its commit by waiting for (or handing out a ticket for) the
+//! log position that makes it durable: [`durable`]. Two-phase locking's commit also decides
+//! when its locks go (Athanassoulis et al. 2011; Kimura et al. 2012 §5.3): at the end
+//! ([`Elr::Off`]), shared locks at the commit request ([`Elr::Shared`]), or every lock once the
+//! commit record is in the log buffer, exclusive ones leaving their commit LSN as a tag for
+//! later readers ([`Elr::Sx`], [`Elr::SxUnsafe`]). Under flush pipelining the locks still held
+//! travel with the durability callback and the flush daemon releases them.
+
+use std::sync::Arc;
+
+use parking_lot::{Condvar, Mutex};
+use rustc_hash::FxHashSet;
+
+use super::twopl::{has_exclusive, undo_writes, TwoPl};
+use super::Ctx;
+use crate::db::{Elr, LogMode, Table};
+use crate::error::{Error, Result};
+use crate::lock::LockId;
+use crate::log::buffer::LogBuffer;
+use crate::log::record::{LogRecord, Write as LogWrite};
+
+/// Tells when a commit made with [`Transaction::commit_pipelined`] is durable.
+#[derive(Clone, Debug)]
+pub struct CommitTicket {
+    state: Option<Arc<TicketState>>,
+}
+
+#[derive(Debug, Default)]
+struct TicketState {
+    outcome: Mutex<Option<std::result::Result<(), String>>>,
+    cv: Condvar,
+}
+
+impl TicketState {
+    fn set(&self, r: std::result::Result<(), String>) {
+        *self.outcome.lock() = Some(r);
+        self.cv.notify_all();
+    }
+}
+
+impl CommitTicket {
+    pub(super) fn done() -> Self {
+        CommitTicket { state: None }
+    }
+
+    pub(super) fn pending() -> Self {
+        CommitTicket {
+            state: Some(Arc::new(TicketState::default())),
+        }
+    }
+
+    /// True once the commit is on stable storage.
+    ///
+    /// ```
+    /// # fn main() -> shoal::Result<()> {
+    /// let db = shoal::Database::in_memory();
+    /// let t = db.create_table("t")?;
+    /// let mut tx = db.begin();
+    /// tx.put(&t, "k", "v")?;
+    /// // Without a log there is nothing to wait for.
+    /// assert!(tx.commit_pipelined()?.is_durable());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn is_durable(&self) -> bool {
+        match &self.state {
+            None => true,
+            Some(st) => matches!(*st.outcome.lock(), Some(Ok(()))),
+        }
+    }
+
+    /// Blocks until the commit is durable; fails if the log failed first (then the commit
+    /// may or may not survive a crash).
+    ///
+    /// ```
+    /// # fn main() -> shoal::Result<()> {
+    /// let db = shoal::Database::in_memory();
+    /// let t = db.create_table("t")?;
+    /// let mut tx = db.begin();
+    /// tx.put(&t, "k", "v")?;
+    /// tx.commit_pipelined()?.wait()?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn wait(&self) -> Result<()> {
+        let Some(st) = &self.state else {
+            return Ok(());
+        };
+        // A wait: it holds no admission slot (nor one kept for a next transaction).
+        crate::admission::blocking(|| self.wait_outcome(st))
+    }
+
+    fn wait_outcome(&self, st: &TicketState) -> Result<()> {
+        let mut g = st.outcome.lock();
+        loop {
+            match &*g {
+                Some(Ok(())) => return Ok(()),
+                Some(Err(e)) => {
+                    return Err(Error::Io {
+                        path: std::path::PathBuf::from("<log>"),
+                        source: std::io::Error::other(e.clone()),
+                    })
+                }
+                None => st.cv.wait(&mut g),
+            }
+        }
+    }
+}
+
+/// What a commit in `mode` returns once its log record ends at `lsn` (`None`: nothing to wait
+/// for): it waits for the flush (`Sync`), hands out a ticket the flush daemon completes
+/// (`Pipelined`), or returns at once (`Async`).
+pub(super) fn durable(
+    log: Option<&LogBuffer>,
+    lsn: Option<u64>,
+    mode: LogMode,
+) -> Result<CommitTicket> {
+    let (Some(log), Some(lsn)) = (log, lsn) else {
+        return Ok(CommitTicket::done());
+    };
+    match mode {
+        LogMode::Sync => log.wait_durable(lsn).map(|()| CommitTicket::done()),
+        LogMode::Pipelined => {
+            let ticket = CommitTicket::pending();
+            let state = ticket.state.clone();
+            log.on_durable(
+                lsn,
+                Box::new(move |res| {
+                    if let Some(st) = state {
+                        st.set(res);
+                    }
+                }),
+            );
+            log.request_flush();
+            Ok(ticket)
+        }
+        LogMode::Async | LogMode::None => Ok(CommitTicket::done()),
+    }
+}
+
+impl TwoPl {
+    /// Commits under two-phase locking (and without locks: `Serial`, `None`), with the early
+    /// lock release [`Options::elr`](crate::Options::elr) chooses.
+    pub(super) fn commit_elr(&mut self, cx: &mut Ctx<'_>, mode: LogMode) -> Result<CommitTicket> {
+        let inner = cx.inner();
+        let log = match &inner.log {
+            Some(log) if mode != LogMode::None => log,
+            _ => {
+                self.undo.clear();
+                self.release_all(cx);
+                return Ok(CommitTicket::done());
+            }
+        };
+        let elr = inner.opts.elr;
+        if self.undo.is_empty() {
+            // Read-only. Under safe SX-ELR it may have read data whose commit is not durable
+            // yet: it must not return before that commit is (Kimura §5.3, Algorithm 7).
+            self.release_all(cx);
+            if elr == Elr::Sx && self.max_tag > log.durable() {
+                log.wait_durable(self.max_tag)?;
+            }
+            return Ok(CommitTicket::done());
+        }
+        if elr == Elr::Shared {
+            // S-ELR: shared locks go at the commit request.
+            self.release_matching(cx, |m| !has_exclusive(m));
+        }
+        let bytes = self.redo_record(cx).encode();
+        // The commit record enters the buffer while the exclusive locks are still held, so a
+        // transaction that depends on this one logs its commit after it: commit order = log
+        // order.
+        let end = match log.insert(&bytes) {
+            Ok((_, end)) => end,
+            Err(e) => {
+                // Not in the log: roll back and report (the log is unusable now).
+                self.fail(cx, &e);
+                return Err(e);
+            }
+        };
+        // While this transaction holds its exclusive locks, nobody has seen its writes: if the
+        // log fails before the commit is durable they are rolled back, so a failed commit
+        // leaves no trace. Under SX-ELR they are visible already; the failed log refuses
+        // every later operation instead (see `Transaction::active`).
+        let keep_undo = matches!(elr, Elr::Off | Elr::Shared) && mode != LogMode::Async;
+        if !keep_undo {
+            self.undo.clear();
+        }
+        if matches!(elr, Elr::Sx | Elr::SxUnsafe) {
+            // SX-ELR: every lock goes once the commit record is in the buffer; X locks leave
+            // their commit LSN as a tag on the queue for later readers.
+            self.release_all_tagged(cx, end);
+        }
+        match mode {
+            LogMode::Sync => {
+                let r = log.wait_durable(end);
+                if r.is_err() {
+                    self.rollback(cx);
+                }
+                self.undo.clear();
+                self.release_all(cx);
+                r.map(|()| CommitTicket::done())
+            }
+            LogMode::Async | LogMode::None => {
+                self.release_all(cx);
+                Ok(CommitTicket::done())
+            }
+            LogMode::Pipelined => {
+                let ticket = CommitTicket::pending();
+                let state = ticket.state.clone();
+                // Locks still held (no ELR) travel with the callback and are released by the
+                // flush daemon when the commit is durable.
+                let held: Vec<LockId> = self.held.drain().map(|(id, _)| id).collect();
+                let mut intents = std::mem::take(&mut self.intents);
+                let lil = inner.lil.clone();
+                let mut ghosts = std::mem::take(&mut self.ghosts);
+                let mut undo = std::mem::take(&mut self.undo);
+                // Owned handles: the callback outlives this borrow of the database.
+                let tables: Vec<Table> = cx.tables.iter().map(|&t| t.clone()).collect();
+                let locks = std::sync::Arc::clone(&inner.locks);
+                let reclaim = std::sync::Arc::clone(&inner.reclaim);
+                let (id, locking) = (cx.id, self.locking);
+                // The thread's flush pipeline grows until this commit is durable (the
+                // kill-short / kill-long victim policies compare these lengths).
+                let pipe = crate::lock::dread::pipeline_handle();
+                pipe.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+                log.on_durable(
+                    end,
+                    Box::new(move |res| {
+                        // The ticket first: once another transaction can take these locks
+                        // (and see the writes), the ticket must already say durable.
+                        // A commit that will never be durable is rolled back before its
+                        // locks go (without ELR nobody has seen its writes).
+                        if res.is_err() {
+                            undo_writes(&mut undo, &tables, &mut ghosts);
+                        }
+                        undo.clear();
+                        if let Some(st) = state {
+                            st.set(res);
+                        }
+                        for l in &held {
+                            locks.unlock(id, l);
+                        }
+                        if let Some(lil) = lil {
+                            lil.release_all(&mut intents);
+                        }
+                        reclaim.collect_locked(
+                            &*locks,
+                            locking,
+                            ghosts.into_iter().map(|(s, k)| (&tables[s as usize], k)),
+                        );
+                        pipe.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+                    }),
+                );
+                log.request_flush();
+                Ok(ticket)
+            }
+        }
+    }
+
+    /// The commit record: the after-image of every key this transaction changed.
+    fn redo_record(&self, cx: &Ctx<'_>) -> LogRecord {
+        let mut seen: FxHashSet<(u16, &[u8])> = FxHashSet::default();
+        let mut writes = Vec::new();
+        for u in &self.undo {
+            if seen.insert((u.table, &u.key)) {
+                let t = cx.table(u.table);
+                let value = t
+                    .inner
+                    .tree
+                    .get(&u.key, |r| r.filter(|r| !r.ghost).map(|r| r.value.clone()));
+                writes.push(LogWrite {
+                    table: t.inner.id,
+                    key: u.key.to_vec(),
+                    value,
+                });
+            }
+        }
+        LogRecord::Commit { txn: cx.id, writes }
+    }
+}

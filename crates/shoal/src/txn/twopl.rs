@@ -1,0 +1,808 @@
+//! Strict two-phase locking with key-range locks: the protocol of
+//! [`ConcurrencyControl::TwoPhaseLocking`](crate::ConcurrencyControl::TwoPhaseLocking), and,
+//! with its locks switched off, of `Serial` and `None`.
+//!
+//! Protocol (Kimura et al. 2012 §2.2, Algorithms 1-2, Table 3), with lock names that are key
+//! *values* (see [`crate::lock`]):
+//!
+//! - every operation first takes an intent lock on the database and the table (IS for reads,
+//!   IX for writes; Table 4), cached for the rest of the transaction;
+//! - a point read takes SN on the key value (key shared, gap free). When the key is absent the
+//!   same SN lock protects its absence: every insert takes XN on its key value *before* the
+//!   record appears, so no insert of that key can happen under a reader. This deviates from
+//!   Algorithm 2, which locks the prior key's gap (NS) and so also blocks inserts of other keys
+//!   into that gap; a lock table that names key values can lock an absent value directly;
+//! - updates, deletes and integer operations take XN on the key. A delete turns the record into
+//!   a ghost; ghosts are removed after the deleting (or aborting) transaction has released its
+//!   locks, and only when no transaction holds or waits for a lock on that key (one whose lock
+//!   is still busy then is deferred and retried by later transactions: [`reclaim`](super::reclaim));
+//! - an insert of a new key (Algorithm 1) takes XN on the key, then an instant-duration NX on
+//!   the prior key (or the table's `-infinity` fence) to check that no scan protects the gap,
+//!   re-checks that the prior key is still the predecessor, creates the record and releases NX.
+//!   The new key splits the prior key's gap; if the inserting transaction itself holds a gap
+//!   lock on the prior key (it scanned there), the lock on the new key inherits that gap part
+//!   (`XS` or `X` instead of `XN`) before the key appears, so the upper half stays protected;
+//! - a scan takes the cursor locks of Table 3 (ascending column): NS on the key just below the
+//!   range (or `-infinity`) and S on every key in the range, ghosts included, then re-reads the
+//!   range to check nothing moved before the locks were granted. A descending scan takes the
+//!   same locks (a superset of Table 3's descending column) and returns the rows reversed.
+//!
+//! No latch is ever held while waiting for a lock: each tree operation is atomic under its leaf
+//! latch, and the protocol re-validates after a lock is granted. Two facts make that enough:
+//! a key with any lock on it is never removed, and a key can only appear in the gap after `p`
+//! while its inserter holds NX on `p`.
+//!
+//! Writes are applied in place with an undo list; abort restores before-images (a record that
+//! did not exist becomes a ghost).
+//!
+//! `Serial` and `None` run this same path with `locking` off: they share everything here but
+//! the locks (in-place writes, the undo list, ghosts, the redo record built at commit), so a
+//! variant of their own would repeat all of it to leave out a few calls. `Serial` adds the
+//! database's one mutex, held by the facade from begin to end.
+
+use std::ops::Bound;
+use std::time::Duration;
+
+use rustc_hash::FxHashMap;
+
+use super::{as_ref_bound, int_value, CommitTicket, Ctx, Protocol, Rows, WriteKind, SCAN_CHUNK};
+use crate::db::{DbInner, LogMode, Table, TableSlots};
+use crate::error::{show_key, Error, Result};
+use crate::lock::intent::{LightweightIntentLocks, PrivateIntents};
+use crate::lock::modes::{cursor_mode, CursorDir, CursorStep, Part};
+use crate::lock::{LockFailure, LockId, LockMode, TxnId};
+use crate::storage::btree::Record;
+
+/// One undo entry: the before-image of a record this transaction changed.
+pub(super) struct Undo {
+    pub(super) table: u16,
+    pub(super) key: Box<[u8]>,
+    /// `None`: the record did not exist; abort turns it into a ghost.
+    pub(super) before: Option<Record>,
+}
+
+/// The state of a two-phase-locking transaction: its locks, its undo list and its ghosts.
+pub(super) struct TwoPl {
+    /// False under `Serial` and `None`: no lock is taken.
+    pub(super) locking: bool,
+    timeout: Duration,
+    pub(super) held: FxHashMap<LockId, LockMode>,
+    /// Intent locks held in the lightweight intent lock table (when it is on).
+    pub(super) intents: PrivateIntents,
+    pub(super) undo: Vec<Undo>,
+    /// Keys this transaction turned into ghosts (deleted, or inserted and then aborted):
+    /// candidates for removal once its locks are gone.
+    pub(super) ghosts: Vec<(u16, Box<[u8]>)>,
+    /// Highest early-lock-release tag (a commit LSN) seen on a lock this transaction took.
+    pub(super) max_tag: u64,
+    /// Safe SX-ELR is on: collect tags.
+    track_tags: bool,
+}
+
+/// True for modes that lock something exclusively (key, gap or intent).
+pub(super) fn has_exclusive(m: LockMode) -> bool {
+    !matches!(
+        m,
+        LockMode::N | LockMode::S | LockMode::NS | LockMode::SN | LockMode::IS
+    )
+}
+
+/// Puts back the before-image of every write in `undo`, newest first; keys that did not exist
+/// become ghosts (listed in `ghosts` for removal).
+pub(super) fn undo_writes(
+    undo: &mut Vec<Undo>,
+    tables: &[impl std::borrow::Borrow<Table>],
+    ghosts: &mut Vec<(u16, Box<[u8]>)>,
+) {
+    while let Some(u) = undo.pop() {
+        let table: &Table = tables[u.table as usize].borrow();
+        let mut ghost = false;
+        table.inner.tree.update(&u.key, |rec| match u.before {
+            Some(r) => *rec = Some(r),
+            None => {
+                if let Some(r) = rec.as_mut() {
+                    r.ghost = true;
+                    r.value = Vec::new();
+                    ghost = true;
+                }
+            }
+        });
+        if ghost {
+            ghosts.push((u.table, u.key));
+        }
+    }
+}
+
+impl TwoPl {
+    pub(super) fn new(inner: &DbInner, locking: bool) -> TwoPl {
+        TwoPl {
+            locking,
+            timeout: inner.opts.lock_timeout,
+            held: FxHashMap::default(),
+            intents: PrivateIntents::default(),
+            undo: Vec::new(),
+            ghosts: Vec::new(),
+            max_tag: 0,
+            track_tags: locking && inner.opts.elr == crate::db::Elr::Sx && inner.log.is_some(),
+        }
+    }
+
+    /// [`Ctx::charge`] for a write already made: a transaction that outgrows the log is
+    /// rolled back and fails.
+    fn charged(&mut self, cx: &mut Ctx<'_>, key: &[u8], value_len: usize) -> Result<()> {
+        cx.charge(key, value_len).inspect_err(|e| self.fail(cx, e))
+    }
+
+    /// Rolls back, releases every lock and remembers why: later operations fail.
+    pub(super) fn fail(&mut self, cx: &mut Ctx<'_>, err: &Error) {
+        cx.failed = Some(err.to_string());
+        self.rollback(cx);
+        self.release_all(cx);
+    }
+
+    /// Takes `mode` on `id` until the end of the transaction (a no-op when a held lock
+    /// covers it).
+    fn lock(&mut self, cx: &mut Ctx<'_>, id: LockId, mode: LockMode) -> Result<()> {
+        if !self.locking {
+            return Ok(());
+        }
+        let mode = key_mode(cx, &id, mode);
+        if let Some(&h) = self.held.get(&id) {
+            if h.covers(mode) {
+                return Ok(());
+            }
+        }
+        declare_age(cx);
+        match self.acquire(cx, &id, mode) {
+            Ok(m) => {
+                if self.track_tags {
+                    self.max_tag = self.max_tag.max(cx.inner().locks.tag(&id));
+                }
+                self.held.insert(id, m);
+                Ok(())
+            }
+            Err(f) => {
+                let e = lock_error(cx, &id, f);
+                self.fail(cx, &e);
+                Err(e)
+            }
+        }
+    }
+
+    /// Takes `mode` on `id` for an instant: returns whether the caller must release it with
+    /// [`unlock_instant`](Self::unlock_instant) (false when the transaction already held a
+    /// lock there, which it then keeps, converted).
+    fn lock_instant(&mut self, cx: &mut Ctx<'_>, id: &LockId, mode: LockMode) -> Result<bool> {
+        if !self.locking {
+            return Ok(false);
+        }
+        let mode = key_mode(cx, id, mode);
+        if self.held.contains_key(id) {
+            self.lock(cx, id.clone(), mode)?;
+            return Ok(false);
+        }
+        declare_age(cx);
+        match self.acquire(cx, id, mode) {
+            Ok(_) => Ok(true),
+            Err(f) => {
+                let e = lock_error(cx, id, f);
+                self.fail(cx, &e);
+                Err(e)
+            }
+        }
+    }
+
+    /// Requests `mode` on `id` from the lock table: at once if it can be granted, else
+    /// waiting without an admission slot (a waiter must not keep a running slot from the
+    /// transaction it waits for).
+    fn acquire(
+        &self,
+        cx: &Ctx<'_>,
+        id: &LockId,
+        mode: LockMode,
+    ) -> std::result::Result<LockMode, LockFailure> {
+        let locks = &cx.inner().locks;
+        let Some(gate) = cx.inner().gate.as_deref().filter(|_| cx.admitted) else {
+            return locks.lock(cx.id, id, mode, self.timeout);
+        };
+        match locks.try_lock(cx.id, id, mode) {
+            Err(LockFailure::WouldBlock) => {}
+            r => return r,
+        }
+        // The holder most likely runs in another slot and is done within microseconds: a
+        // short spin saves two slot hand-overs (each a wake-up of a parked thread). Its clock
+        // starts only here: the common, uncontended request reads no clock.
+        let spin = crate::admission::LockSpin::new();
+        loop {
+            match locks.try_lock(cx.id, id, mode) {
+                Err(LockFailure::WouldBlock) if spin.again(gate) => {}
+                // Waiting in its slot keeps the number of transactions in the system at the
+                // slot count, so a hot lock's queue cannot grow into a convoy of parked
+                // threads that each need a wake-up (TPC-C Payment with one warehouse: a
+                // queue of 64 ran at a tenth of the 2-thread rate). At least one slot stays
+                // with a thread that is not waiting, so the holder always gets to run; and
+                // a thread resuming (perhaps the holder) gets this one's slot at once.
+                Err(LockFailure::WouldBlock) if gate.waiting().1 == 0 && gate.wait_in_slot() => {
+                    let r = locks.lock(cx.id, id, mode, self.timeout);
+                    gate.end_wait_in_slot();
+                    return r;
+                }
+                Err(LockFailure::WouldBlock) => {
+                    return crate::admission::blocking(|| locks.lock(cx.id, id, mode, self.timeout))
+                }
+                r => return r,
+            }
+        }
+    }
+
+    /// [`acquire`](Self::acquire) for the lightweight intent lock table.
+    fn acquire_intent(
+        lil: &LightweightIntentLocks,
+        mine: &mut PrivateIntents,
+        obj: u32,
+        mode: LockMode,
+    ) -> std::result::Result<(), LockFailure> {
+        match lil.try_lock(mine, obj, mode) {
+            Err(LockFailure::WouldBlock) => {
+                crate::admission::blocking(|| lil.lock(mine, obj, mode))
+            }
+            r => r,
+        }
+    }
+
+    fn unlock_instant(&mut self, cx: &mut Ctx<'_>, id: &LockId, taken: bool) {
+        if taken {
+            cx.inner().locks.unlock(cx.id, id);
+        }
+    }
+
+    fn intent(&mut self, cx: &mut Ctx<'_>, slot: u16, write: bool) -> Result<()> {
+        if !self.locking {
+            return Ok(());
+        }
+        let mode = if write { LockMode::IX } else { LockMode::IS };
+        let tid = cx.table(slot).inner.id;
+        if let Some(lil) = &cx.inner().lil {
+            // Lightweight intent locks (Kimura §3.2): counters, not lock-table queues.
+            // Object 0 is the database, object `t` table `t`.
+            for (obj, id) in [(0, LockId::Database), (tid, LockId::Table(tid))] {
+                if let Err(f) = Self::acquire_intent(lil, &mut self.intents, obj, mode) {
+                    let e = lock_error(cx, &id, f);
+                    self.fail(cx, &e);
+                    return Err(e);
+                }
+            }
+            return Ok(());
+        }
+        self.lock(cx, LockId::Database, mode)?;
+        self.lock(cx, LockId::Table(tid), mode)
+    }
+
+    pub(super) fn release_all(&mut self, cx: &mut Ctx<'_>) {
+        if self.locking {
+            let locks = &cx.inner().locks;
+            for (id, _) in self.held.drain() {
+                locks.unlock(cx.id, &id);
+            }
+        }
+        self.release_intents(cx);
+        self.collect_ghosts(cx);
+    }
+
+    fn release_intents(&mut self, cx: &mut Ctx<'_>) {
+        if let Some(lil) = &cx.inner().lil {
+            if !self.intents.is_empty() {
+                lil.release_all(&mut self.intents);
+            }
+        }
+    }
+
+    /// Removes this transaction's ghosts whose locks are free, defers the others (see
+    /// [`reclaim`]).
+    fn collect_ghosts(&mut self, cx: &mut Ctx<'_>) {
+        let ghosts = std::mem::take(&mut self.ghosts);
+        let tables = &cx.tables;
+        cx.inner().reclaim.collect_locked(
+            &*cx.inner().locks,
+            self.locking,
+            ghosts.into_iter().map(|(s, k)| (tables[s as usize], k)),
+        );
+    }
+
+    /// Releases the held locks whose mode satisfies `pred` (S-ELR).
+    pub(super) fn release_matching(&mut self, cx: &mut Ctx<'_>, pred: impl Fn(LockMode) -> bool) {
+        if !self.locking {
+            return;
+        }
+        let locks = &cx.inner().locks;
+        let id = cx.id;
+        self.held.retain(|lid, m| {
+            if pred(*m) {
+                locks.unlock(id, lid);
+                false
+            } else {
+                true
+            }
+        });
+    }
+
+    /// Releases every lock, leaving `tag` (the commit record's end LSN) on the queues of
+    /// exclusive ones (SX-ELR).
+    pub(super) fn release_all_tagged(&mut self, cx: &mut Ctx<'_>, tag: u64) {
+        if self.locking {
+            let locks = &cx.inner().locks;
+            for (lid, m) in self.held.drain() {
+                if has_exclusive(m) {
+                    locks.unlock_tagged(cx.id, &lid, tag);
+                } else {
+                    locks.unlock(cx.id, &lid);
+                }
+            }
+        }
+        self.release_intents(cx);
+        self.collect_ghosts(cx);
+    }
+
+    pub(super) fn rollback(&mut self, cx: &mut Ctx<'_>) {
+        undo_writes(&mut self.undo, &cx.tables, &mut self.ghosts);
+    }
+
+    /// The common write path: with XN held on `key`, replaces the live value (or creates the
+    /// record) with what `f` computes from the current live value.
+    fn modify<T>(
+        &mut self,
+        cx: &mut Ctx<'_>,
+        slot: u16,
+        key: &[u8],
+        mut f: impl FnMut(Option<&[u8]>) -> Result<T>,
+    ) -> Result<T>
+    where
+        T: AsRef<[u8]>,
+    {
+        let tree = &cx.table(slot).inner.tree;
+        // Live record or ghost: update in place (the XN lock makes it ours).
+        enum Step<T> {
+            Done(T),
+            Failed(Error),
+            /// No record; the prior key if the leaf showed it (a hint for the insert).
+            Absent(Option<Option<Vec<u8>>>),
+        }
+        let mut before = None;
+        let step = tree.update_with_prior(key, |rec, prior| match rec {
+            Some(r) => {
+                let cur = if r.ghost { None } else { Some(&r.value[..]) };
+                match f(cur) {
+                    Ok(v) => {
+                        before = Some(r.clone());
+                        r.value.clear();
+                        r.value.extend_from_slice(v.as_ref());
+                        r.ghost = false;
+                        Step::Done(v)
+                    }
+                    Err(e) => Step::Failed(e),
+                }
+            }
+            None => Step::Absent(prior.map(|p| p.map(<[u8]>::to_vec))),
+        });
+        match step {
+            Step::Done(v) => {
+                self.undo.push(Undo {
+                    table: slot,
+                    key: key.into(),
+                    before,
+                });
+                self.charged(cx, key, v.as_ref().len())?;
+                Ok(v)
+            }
+            Step::Failed(e) => Err(e),
+            Step::Absent(prior) => {
+                let v = f(None)?;
+                self.insert_new(cx, slot, key, v.as_ref(), prior)?;
+                self.charged(cx, key, v.as_ref().len())?;
+                Ok(v)
+            }
+        }
+    }
+
+    /// Algorithm 1 for a key with no record: instant NX on the prior key, then create.
+    ///
+    /// The new key splits the prior key's gap `(prior, next)` into `(prior, key)` and
+    /// `(key, next)`. The instant NX proves that no *other* transaction holds a gap lock on the
+    /// prior key, but this transaction may hold one itself (it scanned the range, or positioned
+    /// a cursor in the gap). Its lock on the prior key keeps covering only the lower half once
+    /// the key exists, so before the key appears the lock on the new key takes the same gap
+    /// part (lock inheritance): `XN` becomes `XS` (or `X`). Without it another transaction could
+    /// insert into `(key, next)` (its instant NX on `key` is compatible with `XN`) and commit
+    /// a phantom into a range this transaction has read.
+    ///
+    /// `hint` is the prior key if the caller just saw it (see `BTree::update_with_prior`).
+    fn insert_new(
+        &mut self,
+        cx: &mut Ctx<'_>,
+        slot: u16,
+        key: &[u8],
+        value: &[u8],
+        mut hint: Option<Option<Vec<u8>>>,
+    ) -> Result<()> {
+        loop {
+            let tree = &cx.table(slot).inner.tree;
+            let prior = match hint.take() {
+                Some(p) => p,
+                None => tree.predecessor(key),
+            };
+            let gap = gap_id(cx, slot, prior.clone());
+            // The gap part this transaction holds on the prior key, read before the instant
+            // NX (which converts and keeps a held lock). The new key inherits it before it
+            // appears; if the prior key changes below, the next round inherits from the new one
+            // (a lock inherited in vain only restricts others more).
+            let inherited = self
+                .held
+                .get(&gap)
+                .and_then(|m| m.gap_part())
+                .filter(|&g| g != Part::N);
+            if let Some(g) = inherited {
+                let id = key_id(cx, slot, key);
+                self.lock(cx, id, LockMode::key_range(Part::X, g))?;
+            }
+            let taken = self.lock_instant(cx, &gap, LockMode::NX)?;
+            let tree = &cx.table(slot).inner.tree;
+            let mut created = false;
+            let mut before = None;
+            let mut put = |rec: &mut Option<Record>| match rec {
+                None => {
+                    *rec = Some(Record {
+                        value: value.to_vec(),
+                        ghost: false,
+                        tid: 0,
+                    });
+                    created = true;
+                }
+                Some(r) => {
+                    // Cannot happen while we hold XN on the key, but stay correct anyway.
+                    before = Some(r.clone());
+                    r.value.clear();
+                    r.value.extend_from_slice(value);
+                    r.ghost = false;
+                }
+            };
+            // Check that the prior key is still the predecessor, and insert: under one leaf
+            // latch when the leaf shows the predecessor, else in two steps (the NX lock keeps
+            // the gap from changing in between).
+            let moved = tree.update_with_prior(key, |rec, now| match now {
+                Some(now) if now != prior.as_deref() => Some(true),
+                Some(_) => {
+                    put(rec);
+                    Some(false)
+                }
+                None => None,
+            });
+            let moved = match moved {
+                Some(m) => m,
+                None if tree.predecessor(key) != prior => true,
+                None => {
+                    tree.update(key, &mut put);
+                    false
+                }
+            };
+            if moved {
+                // A ghost in the gap went away, or the prior key changed before our lock:
+                // look again.
+                self.unlock_instant(cx, &gap, taken);
+                continue;
+            }
+            self.unlock_instant(cx, &gap, taken);
+            self.undo.push(Undo {
+                table: slot,
+                key: key.into(),
+                before: if created { None } else { before },
+            });
+            return Ok(());
+        }
+    }
+
+    /// Takes each `(lightweight-intent object, lock name, mode)` in order, through the
+    /// lightweight intent lock table when it is on, else through the lock table.
+    fn coarse_lock(&mut self, cx: &mut Ctx<'_>, locks: &[(u32, LockId, LockMode)]) -> Result<()> {
+        if let Some(lil) = &cx.inner().lil {
+            for (obj, id, mode) in locks {
+                if let Err(f) = Self::acquire_intent(lil, &mut self.intents, *obj, *mode) {
+                    let e = lock_error(cx, id, f);
+                    self.fail(cx, &e);
+                    return Err(e);
+                }
+            }
+            return Ok(());
+        }
+        for (_, id, mode) in locks {
+            self.lock(cx, id.clone(), *mode)?;
+        }
+        Ok(())
+    }
+
+    /// A read-modify-write under XN on `key`.
+    fn rmw<T: AsRef<[u8]>>(
+        &mut self,
+        cx: &mut Ctx<'_>,
+        slot: u16,
+        key: &[u8],
+        f: impl FnMut(Option<&[u8]>) -> Result<T>,
+    ) -> Result<T> {
+        self.intent(cx, slot, true)?;
+        let id = key_id(cx, slot, key);
+        self.lock(cx, id, LockMode::XN)?;
+        self.modify(cx, slot, key, f)
+    }
+}
+
+impl Protocol for TwoPl {
+    fn get(&mut self, cx: &mut Ctx<'_>, slot: u16, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.intent(cx, slot, false)?;
+        let id = key_id(cx, slot, key);
+        self.lock(cx, id, LockMode::SN)?;
+        Ok(cx.table(slot).inner.tree.get(key, |rec| match rec {
+            Some(r) if !r.ghost => Some(r.value.clone()),
+            _ => None,
+        }))
+    }
+
+    fn write(
+        &mut self,
+        cx: &mut Ctx<'_>,
+        slot: u16,
+        key: &[u8],
+        value: &[u8],
+        kind: WriteKind,
+    ) -> Result<()> {
+        self.rmw(cx, slot, key, |cur| match cur {
+            Some(_) if kind == WriteKind::Insert => Err(Error::DuplicateKey { key: show_key(key) }),
+            _ => Ok(value.to_vec()),
+        })
+        .map(|_| ())
+    }
+
+    fn delete(&mut self, cx: &mut Ctx<'_>, slot: u16, key: &[u8]) -> Result<bool> {
+        self.intent(cx, slot, true)?;
+        let id = key_id(cx, slot, key);
+        self.lock(cx, id, LockMode::XN)?;
+        let mut before = None;
+        cx.table(slot).inner.tree.update(key, |rec| {
+            if let Some(r) = rec.as_mut() {
+                if !r.ghost {
+                    before = Some(Record {
+                        value: std::mem::take(&mut r.value),
+                        ghost: false,
+                        tid: 0,
+                    });
+                    r.ghost = true;
+                }
+            }
+        });
+        match before {
+            Some(b) => {
+                self.undo.push(Undo {
+                    table: slot,
+                    key: key.into(),
+                    before: Some(b),
+                });
+                self.ghosts.push((slot, key.into()));
+                self.charged(cx, key, 0)?;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    fn int_op(
+        &mut self,
+        cx: &mut Ctx<'_>,
+        slot: u16,
+        key: &[u8],
+        op: impl Fn(Option<i64>) -> Option<i64>,
+    ) -> Result<i64> {
+        let out = self.rmw(cx, slot, key, |cur| int_value(key, cur, &op))?;
+        Ok(i64::from_le_bytes(out))
+    }
+
+    fn update(
+        &mut self,
+        cx: &mut Ctx<'_>,
+        slot: u16,
+        key: &[u8],
+        f: impl FnMut(Option<&[u8]>) -> Result<Vec<u8>>,
+    ) -> Result<usize> {
+        self.rmw(cx, slot, key, f).map(|v| v.len())
+    }
+
+    fn scan(
+        &mut self,
+        cx: &mut Ctx<'_>,
+        slot: u16,
+        lo: Bound<&[u8]>,
+        hi: Bound<&[u8]>,
+    ) -> Result<Rows> {
+        self.intent(cx, slot, false)?;
+        let mut out = Vec::new();
+        // The initial cursor lock (Table 3, ascending): on the start key itself when it
+        // exists, else on the key below it, else on the table's -infinity fence.
+        if self.locking {
+            loop {
+                let tree = &cx.table(slot).inner.tree;
+                let (id, mode, prior) = match lo {
+                    Bound::Unbounded => (
+                        gap_id(cx, slot, None),
+                        cursor_mode(CursorDir::Ascending, true, CursorStep::InitialFenceLow),
+                        None,
+                    ),
+                    Bound::Included(k) | Bound::Excluded(k) => {
+                        let incl = matches!(lo, Bound::Included(_));
+                        if tree.get(k, |r| r.is_some()) {
+                            (
+                                key_id(cx, slot, k),
+                                cursor_mode(
+                                    CursorDir::Ascending,
+                                    incl,
+                                    CursorStep::InitialExactMatch,
+                                ),
+                                Some(k.to_vec()),
+                            )
+                        } else {
+                            let p = tree.predecessor(k);
+                            let step = if p.is_some() {
+                                CursorStep::InitialNonExistent
+                            } else {
+                                CursorStep::InitialFenceLow
+                            };
+                            (
+                                gap_id(cx, slot, p.clone()),
+                                cursor_mode(CursorDir::Ascending, incl, step),
+                                p,
+                            )
+                        }
+                    }
+                };
+                self.lock(cx, id, mode)?;
+                // Validate: the locked key must still be the floor of the start bound.
+                let tree = &cx.table(slot).inner.tree;
+                let now = match lo {
+                    Bound::Unbounded => None,
+                    Bound::Included(k) | Bound::Excluded(k) => {
+                        if tree.get(k, |r| r.is_some()) {
+                            Some(k.to_vec())
+                        } else {
+                            tree.predecessor(k)
+                        }
+                    }
+                };
+                if now == prior {
+                    break;
+                }
+            }
+        }
+        let next_mode = cursor_mode(CursorDir::Ascending, true, CursorStep::Next);
+        let mut start: Bound<Vec<u8>> = lo.map(<[u8]>::to_vec);
+        loop {
+            let tree = &cx.table(slot).inner.tree;
+            let mut chunk = tree.range(as_ref_bound(&start), hi, SCAN_CHUNK);
+            if self.locking {
+                loop {
+                    for (k, _) in &chunk {
+                        let id = key_id(cx, slot, k);
+                        self.lock(cx, id, next_mode)?;
+                    }
+                    let tree = &cx.table(slot).inner.tree;
+                    let again = tree.range(as_ref_bound(&start), hi, SCAN_CHUNK);
+                    let same = again.len() == chunk.len()
+                        && again
+                            .iter()
+                            .zip(&chunk)
+                            .all(|((a, ra), (b, rb))| a == b && ra.ghost == rb.ghost);
+                    chunk = again;
+                    if same {
+                        break;
+                    }
+                }
+            }
+            let full = chunk.len() == SCAN_CHUNK;
+            let last = chunk.last().map(|(k, _)| k.clone());
+            out.extend(
+                chunk
+                    .into_iter()
+                    .filter(|(_, r)| !r.ghost)
+                    .map(|(k, r)| (k, r.value)),
+            );
+            match (full, last) {
+                (true, Some(k)) => start = Bound::Excluded(k),
+                _ => break,
+            }
+        }
+        Ok(out)
+    }
+
+    fn lock_coarse(&mut self, cx: &mut Ctx<'_>, locks: &[(u32, LockId, LockMode)]) -> Result<()> {
+        if !self.locking {
+            return Ok(());
+        }
+        self.coarse_lock(cx, locks)
+    }
+
+    fn commit(&mut self, cx: &mut Ctx<'_>, mode: LogMode) -> Result<CommitTicket> {
+        self.commit_elr(cx, mode)
+    }
+
+    fn abort(&mut self, cx: &mut Ctx<'_>) {
+        self.rollback(cx);
+        self.release_all(cx);
+    }
+
+    fn counts(&self) -> (usize, usize) {
+        (self.held.len(), self.undo.len())
+    }
+}
+
+fn lock_error(cx: &Ctx<'_>, id: &LockId, f: LockFailure) -> Error {
+    let resource = describe(&cx.inner().by_id, id);
+    let blocker = |b: Option<TxnId>| b.map_or_else(|| "?".to_string(), |b| format!("txn {b}"));
+    match f {
+        LockFailure::Deadlock { blocker: b } => Error::Deadlock {
+            txn: cx.id,
+            resource,
+            blocker: blocker(b),
+        },
+        LockFailure::Timeout { blocker: b, waited } => Error::LockTimeout {
+            txn: cx.id,
+            resource,
+            blocker: blocker(b),
+            waited_ms: waited.as_millis() as u64,
+        },
+        LockFailure::WouldBlock => Error::LockTimeout {
+            txn: cx.id,
+            resource,
+            blocker: "?".to_string(),
+            waited_ms: 0,
+        },
+    }
+}
+
+/// The mode the configured key-range design takes for a request of `mode` on `id`.
+fn key_mode(cx: &Ctx<'_>, id: &LockId, mode: LockMode) -> LockMode {
+    match id {
+        LockId::Key(..) | LockId::NegInf(_) => cx.inner().opts.key_range_modes.map(mode),
+        LockId::Database | LockId::Table(_) => mode,
+    }
+}
+
+fn key_id(cx: &Ctx<'_>, slot: u16, key: &[u8]) -> LockId {
+    LockId::Key(cx.table(slot).inner.id, key.into())
+}
+
+fn gap_id(cx: &Ctx<'_>, slot: u16, prior: Option<Vec<u8>>) -> LockId {
+    let tid = cx.table(slot).inner.id;
+    match prior {
+        Some(k) => LockId::Key(tid, k.into_boxed_slice()),
+        None => LockId::NegInf(tid),
+    }
+}
+
+/// Tells the lock table the age of this transaction's next requests (only needed when it
+/// differs from the id).
+fn declare_age(cx: &Ctx<'_>) {
+    if cx.age != cx.id {
+        crate::lock::dread::set_age(cx.id, cx.age);
+    }
+}
+
+/// Renders a lock name for error messages, naming tables from the database's id registry
+/// (which also holds tables the transaction locked with `lock_table` only).
+fn describe(tables: &TableSlots, id: &LockId) -> String {
+    let name = |tid: u32| {
+        tables
+            .get(tid)
+            .map_or_else(|| format!("table#{tid}"), |t| format!("{:?}", t.inner.name))
+    };
+    match id {
+        LockId::Database => "the database".to_string(),
+        LockId::Table(t) => format!("table {}", name(*t)),
+        LockId::NegInf(t) => format!("the -infinity fence of table {}", name(*t)),
+        LockId::Key(t, k) => format!("key {} of table {}", show_key(k), name(*t)),
+    }
+}

@@ -1,9 +1,17 @@
-//! The database handle, its options and table handles.
+//! The database handle: opening (with recovery), the shared state of a database, and
+//! [`Database::run`]. The catalog of tables is [`catalog`], Doppel's part of the handle
+//! [`doppel`](self::doppel), checkpoints [`checkpointing`], recovery [`recovery`].
 
+mod catalog;
 mod checkpointing;
+mod doppel;
 mod identity;
 mod options;
 mod recovery;
+
+use catalog::new_table;
+pub use catalog::Table;
+pub(crate) use catalog::{TableSlots, MAX_TABLES};
 
 pub use checkpointing::CheckpointStatus;
 pub use options::{ConcurrencyControl, Elr, IntentLockKind, LockTableKind, LogMode, Options};
@@ -32,48 +40,9 @@ use crate::log::buffer::{FlushPolicy, LogBuffer, LogConfig};
 use crate::log::checkpoint::{self, CheckpointWriter};
 use crate::log::record::{LogRecord, Write as LogWrite};
 use crate::log::segment;
-use crate::storage::btree::{BTree, Record};
+use crate::storage::btree::Record;
 use crate::txn::Transaction;
 use crate::vfs::{on, Vfs};
-
-pub(crate) struct TableInner {
-    pub(crate) id: TableId,
-    pub(crate) name: String,
-    pub(crate) db_id: u64,
-    pub(crate) tree: BTree,
-}
-
-/// A handle to a table: cheap to clone, valid for the life of its database.
-///
-/// ```
-/// # fn main() -> shoal::Result<()> {
-/// let db = shoal::Database::in_memory();
-/// let t = db.create_table("users")?;
-/// assert_eq!(t.name(), "users");
-/// assert_eq!(db.table("users")?.name(), "users");
-/// # Ok(())
-/// # }
-/// ```
-#[derive(Clone)]
-pub struct Table {
-    pub(crate) inner: Arc<TableInner>,
-}
-
-impl Table {
-    /// The table's name.
-    pub fn name(&self) -> &str {
-        &self.inner.name
-    }
-}
-
-impl std::fmt::Debug for Table {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Table")
-            .field("id", &self.inner.id)
-            .field("name", &self.inner.name)
-            .finish()
-    }
-}
 
 pub(crate) struct DbInner {
     pub(crate) id: u64,
@@ -149,72 +118,6 @@ fn check_deadlock(opts: &Options) -> Result<()> {
         )));
     }
     Ok(())
-}
-
-/// Table ids a database can hold (ids are dense from 1).
-pub(crate) const MAX_TABLES: usize = TABLE_CHUNK * TABLE_CHUNKS;
-const TABLE_CHUNK: usize = 256;
-const TABLE_CHUNKS: usize = 256;
-
-/// Append-only map from table id to table, with stable addresses: a slot is set once and
-/// never cleared, so `get` hands out references that live as long as the database.
-pub(crate) struct TableSlots {
-    chunks: Box<[std::sync::OnceLock<TableChunk>]>,
-}
-
-/// `TABLE_CHUNK` consecutive table ids.
-type TableChunk = Box<[std::sync::OnceLock<Table>]>;
-
-impl TableSlots {
-    /// Slots holding `tables` (recovery refuses ids of [`MAX_TABLES`] or more).
-    fn with<'t>(tables: impl Iterator<Item = &'t Table>) -> TableSlots {
-        let slots = TableSlots {
-            chunks: (0..TABLE_CHUNKS)
-                .map(|_| std::sync::OnceLock::new())
-                .collect(),
-        };
-        for t in tables {
-            let _ = slots.set(t);
-        }
-        slots
-    }
-
-    /// Records `t` under its id (a second table with the same id keeps the first).
-    fn set(&self, t: &Table) -> Result<()> {
-        let id = t.inner.id as usize;
-        let chunk = self
-            .chunks
-            .get(id / TABLE_CHUNK)
-            .ok_or_else(|| Error::InvalidTableName {
-                name: t.inner.name.clone(),
-                reason: "too many tables",
-            })?
-            .get_or_init(|| {
-                (0..TABLE_CHUNK)
-                    .map(|_| std::sync::OnceLock::new())
-                    .collect()
-            });
-        let _ = chunk[id % TABLE_CHUNK].set(t.clone());
-        Ok(())
-    }
-
-    /// The table with id `id`, borrowed for as long as `self`.
-    pub(crate) fn get(&self, id: TableId) -> Option<&Table> {
-        let id = id as usize;
-        self.chunks.get(id / TABLE_CHUNK)?.get()?[id % TABLE_CHUNK].get()
-    }
-}
-
-impl DbInner {
-    /// The table with this id.
-    pub(crate) fn table_by_id(&self, id: TableId) -> Option<Table> {
-        self.by_id.get(id).cloned()
-    }
-
-    /// The Doppel runtime, if this database runs Doppel.
-    pub(crate) fn doppel(&self) -> Option<&Arc<crate::doppel::Doppel>> {
-        self.doppel.as_ref().map(|d| &d.rt)
-    }
 }
 
 impl DbInner {
@@ -493,7 +396,9 @@ impl Database {
         };
         if let Some(d) = &db.inner.doppel {
             // Without a coordinator nothing is ever split: the database runs as OCC.
-            let _ = d.spawn(Arc::downgrade(&db.inner));
+            // The coordinator sees the database only as a `doppel::Store`.
+            let weak: std::sync::Weak<DbInner> = Arc::downgrade(&db.inner);
+            let _ = d.spawn(weak);
         }
         db
     }
@@ -553,99 +458,6 @@ impl Database {
         &self.inner.opts
     }
 
-    /// Creates an empty table. Names are 1 to 255 bytes without control characters.
-    ///
-    /// ```
-    /// # fn main() -> shoal::Result<()> {
-    /// let db = shoal::Database::in_memory();
-    /// db.create_table("a")?;
-    /// assert!(matches!(db.create_table("a"), Err(shoal::Error::TableExists { .. })));
-    /// assert!(db.create_table("").is_err());
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn create_table(&self, name: &str) -> Result<Table> {
-        let bad = |reason| {
-            Err(Error::InvalidTableName {
-                name: name.to_string(),
-                reason,
-            })
-        };
-        if name.is_empty() {
-            return bad("empty");
-        }
-        if name.len() > 255 {
-            return bad("longer than 255 bytes");
-        }
-        if name.chars().any(char::is_control) {
-            return bad("contains a control character");
-        }
-        let mut tables = self.inner.tables.write();
-        if tables.contains_key(name) {
-            return Err(Error::TableExists {
-                name: name.to_string(),
-            });
-        }
-        let id = TableId::try_from(tables.len() + 1)
-            .ok()
-            .filter(|&id| (id as usize) < MAX_TABLES)
-            .ok_or_else(|| Error::InvalidTableName {
-                name: name.to_string(),
-                reason: "too many tables",
-            })?;
-        if let Some(log) = &self.inner.log {
-            let rec = LogRecord::CreateTable {
-                id,
-                name: name.to_string(),
-            };
-            let (_, end) = log.insert(&rec.encode())?;
-            log.wait_durable(end)?;
-        }
-        let t = new_table(id, name, self.inner.id);
-        self.inner.by_id.set(&t)?;
-        tables.insert(name.to_string(), t.clone());
-        Ok(t)
-    }
-
-    /// Looks a table up by name.
-    ///
-    /// ```
-    /// # fn main() -> shoal::Result<()> {
-    /// let db = shoal::Database::in_memory();
-    /// db.create_table("t")?;
-    /// assert!(db.table("t").is_ok());
-    /// assert!(db.table("u").is_err());
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn table(&self, name: &str) -> Result<Table> {
-        self.inner
-            .tables
-            .read()
-            .get(name)
-            .cloned()
-            .ok_or_else(|| Error::NoSuchTable {
-                name: name.to_string(),
-            })
-    }
-
-    /// The names of all tables, sorted.
-    ///
-    /// ```
-    /// # fn main() -> shoal::Result<()> {
-    /// let db = shoal::Database::in_memory();
-    /// db.create_table("b")?;
-    /// db.create_table("a")?;
-    /// assert_eq!(db.tables(), vec!["a".to_string(), "b".to_string()]);
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn tables(&self) -> Vec<String> {
-        let mut v: Vec<String> = self.inner.tables.read().keys().cloned().collect();
-        v.sort();
-        v
-    }
-
     /// Starts a transaction. It aborts when dropped without [`Transaction::commit`].
     ///
     /// With [`ConcurrencyControl::Serial`] this waits until no other transaction is active.
@@ -681,70 +493,6 @@ impl Database {
         Transaction::new(self, Some(age))
     }
 
-    /// Doppel manual labelling (thesis §3.6): split `key` of `table` for `op` from the next
-    /// split phase on, whatever the statistics say, until [`clear_split_hint`](Self::clear_split_hint).
-    /// A record whose current value cannot hold `op`'s type (e.g. text for
-    /// [`SplitOp::Add`](crate::doppel::SplitOp::Add)) is not split. Fails with
-    /// [`Error::Unsupported`] unless the database runs [`ConcurrencyControl::Doppel`].
-    ///
-    /// ```
-    /// # fn main() -> shoal::Result<()> {
-    /// use shoal::{ConcurrencyControl, Database, Options};
-    /// use shoal::doppel::SplitOp;
-    /// let db = Database::in_memory_with(Options { cc: ConcurrencyControl::Doppel, ..Options::default() });
-    /// let t = db.create_table("items")?;
-    /// db.split_hint(&t, "max_bid", SplitOp::Max)?;
-    /// db.run(|tx| tx.max(&t, "max_bid", 30))?;
-    /// assert_eq!(db.run(|tx| tx.get_i64(&t, "max_bid"))?, Some(30));
-    /// assert!(Database::in_memory().split_hint(&Database::in_memory().create_table("x")?, "k", SplitOp::Add).is_err());
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn split_hint(
-        &self,
-        table: &Table,
-        key: impl AsRef<[u8]>,
-        op: crate::doppel::SplitOp,
-    ) -> Result<()> {
-        self.hint(table, key.as_ref(), Some(op))
-    }
-
-    /// Removes a [`split_hint`](Self::split_hint); the record is joined again at the next
-    /// classification unless the statistics keep it split.
-    ///
-    /// ```
-    /// # fn main() -> shoal::Result<()> {
-    /// use shoal::{ConcurrencyControl, Database, Options};
-    /// use shoal::doppel::SplitOp;
-    /// let db = Database::in_memory_with(Options { cc: ConcurrencyControl::Doppel, ..Options::default() });
-    /// let t = db.create_table("t")?;
-    /// db.split_hint(&t, "k", SplitOp::Add)?;
-    /// db.clear_split_hint(&t, "k")?;
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn clear_split_hint(&self, table: &Table, key: impl AsRef<[u8]>) -> Result<()> {
-        self.hint(table, key.as_ref(), None)
-    }
-
-    fn hint(&self, table: &Table, key: &[u8], op: Option<crate::doppel::SplitOp>) -> Result<()> {
-        if table.inner.db_id != self.inner.id {
-            return Err(Error::ForeignTable {
-                name: table.inner.name.clone(),
-            });
-        }
-        if key.is_empty() {
-            return Err(Error::EmptyKey);
-        }
-        let Some(d) = &self.inner.doppel else {
-            return Err(Error::Unsupported(
-                "split hints need ConcurrencyControl::Doppel".into(),
-            ));
-        };
-        d.hint((table.inner.id, key.into()), op);
-        Ok(())
-    }
-
     /// What the lock table holds in memory: lock names with a queue or lock head, and request
     /// entries (diagnostics: watch it stay bounded over a long run).
     ///
@@ -777,66 +525,6 @@ impl Database {
     /// ```
     pub fn admission_stats(&self) -> Option<crate::AdmissionStats> {
         self.inner.gate.as_deref().map(crate::admission::stats)
-    }
-
-    /// Counters of the Doppel runtime (`None` unless the database runs
-    /// [`ConcurrencyControl::Doppel`]).
-    ///
-    /// ```
-    /// use shoal::{ConcurrencyControl, Database, Options};
-    /// let db = Database::in_memory_with(Options { cc: ConcurrencyControl::Doppel, ..Options::default() });
-    /// assert_eq!(db.doppel_stats().map(|s| s.stashed), Some(0));
-    /// assert!(Database::in_memory().doppel_stats().is_none());
-    /// ```
-    pub fn doppel_stats(&self) -> Option<crate::doppel::DoppelStats> {
-        self.inner.doppel.as_ref().map(|d| d.stats())
-    }
-
-    /// The records split in the current (or, in a joined phase, the next) split phase, as
-    /// `(table name, key, selected operation)`, sorted. Empty unless Doppel.
-    ///
-    /// ```
-    /// # fn main() -> shoal::Result<()> {
-    /// use shoal::{ConcurrencyControl, Database, Options};
-    /// let db = Database::in_memory_with(Options { cc: ConcurrencyControl::Doppel, ..Options::default() });
-    /// assert!(db.split_keys().is_empty());
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn split_keys(&self) -> Vec<(String, Vec<u8>, crate::doppel::SplitOp)> {
-        let Some(d) = &self.inner.doppel else {
-            return Vec::new();
-        };
-        d.split_keys()
-            .into_iter()
-            .map(|(t, k, op)| {
-                let name = self
-                    .inner
-                    .table_by_id(t)
-                    .map_or_else(|| format!("table#{t}"), |t| t.inner.name.clone());
-                (name, k, op)
-            })
-            .collect()
-    }
-
-    /// Number of entries in a table's index, ghosts included (for tests of ghost removal).
-    #[doc(hidden)]
-    pub fn debug_index_len(&self, name: &str) -> Result<usize> {
-        Ok(self.table(name)?.inner.tree.len())
-    }
-
-    /// The shape of a table's index: nodes, entries and ghosts (for tests of ghost removal
-    /// and merges).
-    #[doc(hidden)]
-    pub fn debug_index_stats(&self, name: &str) -> Result<crate::storage::btree::TreeStats> {
-        Ok(self.table(name)?.inner.tree.stats())
-    }
-
-    /// Checks the structure of a table's index ([`BTree::check_invariants`]): `Ok(Err(..))`
-    /// describes the first violation.
-    #[doc(hidden)]
-    pub fn debug_index_check(&self, name: &str) -> Result<std::result::Result<(), String>> {
-        Ok(self.table(name)?.inner.tree.check_invariants())
     }
 
     /// Ghosts waiting for removal: (optimistic ones waiting for their epoch to end,
@@ -896,43 +584,5 @@ impl std::fmt::Debug for Database {
             .field("dir", &self.inner.dir)
             .field("options", &self.inner.opts)
             .finish()
-    }
-}
-
-fn new_table(id: TableId, name: &str, db_id: u64) -> Table {
-    Table {
-        inner: Arc::new(TableInner {
-            id,
-            name: name.to_string(),
-            db_id,
-            tree: BTree::new(),
-        }),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn table_slots_hand_out_the_table_of_each_id_and_refuse_ids_past_the_limit() {
-        let a = new_table(1, "a", 7);
-        let b = new_table(300, "b", 7);
-        let slots = TableSlots::with([&a].into_iter());
-        slots.set(&b).unwrap();
-        assert_eq!(slots.get(1).map(|t| t.inner.name.as_str()), Some("a"));
-        assert_eq!(slots.get(300).map(|t| t.inner.name.as_str()), Some("b"));
-        assert!(slots.get(2).is_none());
-        assert!(slots.get(299).is_none());
-        // A second table under a taken id keeps the first.
-        slots.set(&new_table(1, "c", 7)).unwrap();
-        assert_eq!(slots.get(1).map(|t| t.inner.name.as_str()), Some("a"));
-        let far = new_table(MAX_TABLES as TableId, "far", 7);
-        assert!(matches!(
-            slots.set(&far),
-            Err(Error::InvalidTableName { .. })
-        ));
-        assert!(slots.get(MAX_TABLES as TableId).is_none());
-        assert!(slots.get(TableId::MAX).is_none());
     }
 }

@@ -97,12 +97,33 @@ pub use ops::SplitOp;
 pub use value::{decode_topk, encode_topk, OrderedTuple, TUPLE_HEADER};
 pub(crate) use value::{decode_topk_at, decode_tuple_at};
 
-use crate::db::{DbInner, Table};
 use crate::error::{Error, Result};
 use crate::lock::TableId;
-use crate::log::record::{LogRecord, Write as LogWrite};
-use crate::storage::btree::Record;
-use crate::txn::occ::reconciled_tid;
+use crate::log::record::Write as LogWrite;
+
+/// Computes a record's reconciled value from its live value (`None`: leave the record).
+pub(crate) type Fold<'a> = &'a mut dyn FnMut(Option<&[u8]>) -> Option<Vec<u8>>;
+
+/// What the coordinator needs of its database, and nothing more: the live values of the
+/// records it splits and reconciles, a way to fold slices into a record as a committed write
+/// (the optimistic protocol's TID word is the database's business, see
+/// `txn::occ::install_reconciled`), and the log. The database implements it; the coordinator
+/// holds it weakly (see [`DoppelHandle`]).
+pub(crate) trait Store: Send + Sync {
+    /// The live value of `key` in table `table` (`None` inside: absent, or a ghost); `None`
+    /// when there is no such table.
+    fn live_value(&self, table: TableId, key: &[u8]) -> Option<Option<Vec<u8>>>;
+
+    /// Replaces the record of `key` with `f(live value)`, with a new TID, unless `f` gives
+    /// `None`; false when there is no such table.
+    fn reconcile(&self, table: TableId, key: &[u8], f: Fold<'_>) -> bool;
+
+    /// Whether the database has a log.
+    fn logging(&self) -> bool;
+
+    /// Logs `writes` (after-images) as one commit record of a new transaction id.
+    fn log_commit(&self, writes: Vec<LogWrite>);
+}
 
 /// Parameters of Doppel, with the thesis' values as defaults (§3.5, §3.6, §7).
 ///
@@ -697,7 +718,7 @@ impl Doppel {
     }
 
     /// Changes phase: to split with `target`, or to joined (`None`). False when cancelled.
-    fn change(&self, inner: &DbInner, target: Option<&FxHashMap<Key, SplitOp>>) -> bool {
+    fn change(&self, db: &dyn Store, target: Option<&FxHashMap<Key, SplitOp>>) -> bool {
         let w = self.word.load(Ordering::SeqCst);
         self.word.store(w | CHANGING, Ordering::SeqCst);
         let start = Instant::now();
@@ -722,20 +743,20 @@ impl Doppel {
             }
         }
         if w & SPLIT != 0 {
-            self.reconcile(inner);
+            self.reconcile(db);
         }
         let mut ctl = self.ctl.lock();
         let mut map: SplitMap = FxHashMap::default();
         ctl.current.clear();
         if let Some(target) = target {
             for ((t, k), op) in target {
-                let Some(table) = inner.table_by_id(*t) else {
+                let Some(value) = db.live_value(*t, k) else {
                     continue;
                 };
-                let fits = table.inner.tree.get(k, |r| match r {
-                    Some(r) if !r.ghost => op.fits(Some(&r.value)),
-                    _ => true,
-                });
+                let fits = match &value {
+                    Some(v) => op.fits(Some(v)),
+                    None => true,
+                };
                 if fits {
                     map.entry(*t).or_default().insert(k.clone(), *op);
                     ctl.current.insert((*t, k.clone()), *op);
@@ -762,49 +783,28 @@ impl Doppel {
 
     /// OP_reconcile for every slice of every worker, while no transaction runs; logs the
     /// reconciled values.
-    fn reconcile(&self, inner: &DbInner) {
-        let mut touched: FxHashMap<Key, Table> = FxHashMap::default();
+    fn reconcile(&self, db: &dyn Store) {
+        let mut touched: rustc_hash::FxHashSet<Key> = rustc_hash::FxHashSet::default();
         for s in self.slots.iter() {
             let slices = std::mem::take(&mut s.data.lock().slices);
             for ((t, k), d) in slices {
-                let Some(table) = inner.table_by_id(t) else {
-                    continue;
-                };
-                table.inner.tree.update(&k, |rec| {
-                    let (cur, tid) = match rec {
-                        Some(r) if !r.ghost => (Some(&r.value[..]), r.tid),
-                        Some(r) => (None, r.tid),
-                        None => (None, 0),
-                    };
-                    // `fits` was checked when the record was split and nothing else wrote it
-                    // since, so this cannot fail; keep the old value if it does anyway.
-                    if let Ok(value) = d.apply(&k, cur, true) {
-                        *rec = Some(Record {
-                            value,
-                            ghost: false,
-                            tid: reconciled_tid(tid),
-                        });
-                    }
-                });
-                touched.entry((t, k)).or_insert(table);
+                // `fits` was checked when the record was split and nothing else wrote it
+                // since, so this cannot fail; keep the old value if it does anyway.
+                if db.reconcile(t, &k, &mut |cur| d.apply(&k, cur, true).ok()) {
+                    touched.insert((t, k));
+                }
             }
         }
-        if let (Some(log), false) = (&inner.log, touched.is_empty()) {
+        if db.logging() && !touched.is_empty() {
             let writes = touched
                 .iter()
-                .map(|((_, k), t)| LogWrite {
-                    table: t.inner.id,
+                .map(|(t, k)| LogWrite {
+                    table: *t,
                     key: k.to_vec(),
-                    value: t
-                        .inner
-                        .tree
-                        .get(k, |r| r.filter(|r| !r.ghost).map(|r| r.value.clone())),
+                    value: db.live_value(*t, k).flatten(),
                 })
                 .collect();
-            let txn = inner.next_txn.fetch_add(1, Ordering::Relaxed);
-            // A failed log insert leaves the operation records, which replay to the same
-            // values; the log reports its own failure to the next committer.
-            let _ = log.insert(&LogRecord::Commit { txn, writes }.encode());
+            db.log_commit(writes);
         }
     }
 
@@ -826,7 +826,7 @@ impl Doppel {
     }
 
     /// The coordinator loop (§5.2).
-    fn coordinate(self: Arc<Self>, db: Weak<DbInner>) {
+    fn coordinate(self: Arc<Self>, db: Weak<dyn Store>) {
         let o = self.opts.clone();
         let tick = (o.split_phase / 10).clamp(Duration::from_micros(100), Duration::from_millis(1));
         let mut last_classify = Instant::now();
@@ -861,7 +861,7 @@ impl Doppel {
                 }
                 if !desired.is_empty() {
                     let Some(inner) = db.upgrade() else { return };
-                    if self.change(&inner, Some(&desired)) {
+                    if self.change(&*inner, Some(&desired)) {
                         split_since = Instant::now();
                     }
                 }
@@ -878,7 +878,7 @@ impl Doppel {
                         && self.now_ns().saturating_sub(first) >= o.split_phase.as_nanos() as u64);
                 if due || desired != current {
                     let Some(inner) = db.upgrade() else { return };
-                    if self.change(&inner, None) {
+                    if self.change(&*inner, None) {
                         joined_since = Instant::now();
                     }
                 }
@@ -912,7 +912,7 @@ impl DoppelHandle {
     }
 
     /// Starts the coordinator thread.
-    pub(crate) fn spawn(&self, db: Weak<DbInner>) -> Result<()> {
+    pub(crate) fn spawn(&self, db: Weak<dyn Store>) -> Result<()> {
         let rt = Arc::clone(&self.rt);
         let h = std::thread::Builder::new()
             .name("shoal-doppel".into())
@@ -1062,7 +1062,7 @@ impl<T> StashQueue<T> {
     /// An empty queue for `db`'s transactions.
     pub fn new(db: &crate::Database) -> StashQueue<T> {
         StashQueue {
-            rt: db.inner.doppel().cloned(),
+            rt: db.doppel_runtime().cloned(),
             items: std::collections::VecDeque::new(),
             epoch: 0,
             registered: false,

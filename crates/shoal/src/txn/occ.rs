@@ -96,8 +96,8 @@ use crate::storage::btree::{LeafHint, Record};
 mod tests;
 mod tid;
 
+pub(crate) use tid::{install_reconciled, read_committed, LOCK_BIT};
 use tid::{lock_one, locked, read_once, table_of, unlock_all, validate, Spin};
-pub(crate) use tid::{read_committed, reconciled_tid, LOCK_BIT};
 
 thread_local! {
     /// The last commit TID chosen on this thread.

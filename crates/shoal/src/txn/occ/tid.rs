@@ -232,9 +232,27 @@ pub(super) fn validate(tables: &[&Table], st: &OccState) -> std::result::Result<
     Ok(())
 }
 
-/// The TID a record gets when Doppel reconciles split operations into it: one more than the
-/// last, with the lock bit clear (the record is not locked: reconciliation runs while no
-/// transaction does). Transactions that read the record before see it change.
-pub(crate) fn reconciled_tid(tid: u64) -> u64 {
-    ((tid & !LOCK_BIT) + 1) & !LOCK_BIT
+/// Replaces the record of `key` with `f(live value)` as a committed write would, unless `f`
+/// gives `None`: Doppel's reconciliation of split operations (while no transaction runs, so
+/// no lock bit is set). The new TID is one above the record's, so a transaction that read
+/// the record before sees it change.
+pub(crate) fn install_reconciled(
+    tree: &BTree,
+    key: &[u8],
+    f: impl FnOnce(Option<&[u8]>) -> Option<Vec<u8>>,
+) {
+    tree.update(key, |rec| {
+        let (cur, tid) = match rec {
+            Some(r) if !r.ghost => (Some(&r.value[..]), r.tid),
+            Some(r) => (None, r.tid),
+            None => (None, 0),
+        };
+        if let Some(value) = f(cur) {
+            *rec = Some(Record {
+                value,
+                ghost: false,
+                tid: ((tid & !LOCK_BIT) + 1) & !LOCK_BIT,
+            });
+        }
+    });
 }

@@ -23,7 +23,7 @@ impl Database {
     /// split phase on, whatever the statistics say, until [`clear_split_hint`](Self::clear_split_hint).
     /// A record whose current value cannot hold `op`'s type (e.g. text for
     /// [`SplitOp::Add`](SplitOp::Add)) is not split. Fails with
-    /// [`Error::Unsupported`] unless the database runs [`ConcurrencyControl::Doppel`].
+    /// [`Error::Unsupported`] unless the database runs [`ConcurrencyControl::Doppel`](crate::ConcurrencyControl::Doppel).
     ///
     /// ```
     /// # fn main() -> shoal::Result<()> {
@@ -79,7 +79,7 @@ impl Database {
     }
 
     /// Counters of the Doppel runtime (`None` unless the database runs
-    /// [`ConcurrencyControl::Doppel`]).
+    /// [`ConcurrencyControl::Doppel`](crate::ConcurrencyControl::Doppel)).
     ///
     /// ```
     /// use shoal::{ConcurrencyControl, Database, Options};

@@ -22,7 +22,7 @@ use crate::lock::LockId;
 use crate::log::buffer::LogBuffer;
 use crate::log::record::{LogRecord, Write as LogWrite};
 
-/// Tells when a commit made with [`Transaction::commit_pipelined`] is durable.
+/// Tells when a commit made with [`Transaction::commit_pipelined`](super::Transaction::commit_pipelined) is durable.
 #[derive(Clone, Debug)]
 pub struct CommitTicket {
     state: Option<Arc<TicketState>>,

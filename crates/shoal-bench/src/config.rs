@@ -205,11 +205,9 @@ impl RunConfig {
             Some(_) => int("warehouses")?,
             None => opt_int("scale", 1)?,
         };
-        let mut options = Options {
-            cc: cc.engine(),
-            log: log.engine(),
-            ..Options::default()
-        };
+        let mut options = Options::default()
+            .with_cc(cc.engine())
+            .with_log(log.engine());
         engine_opts::apply(p, &mut options)?;
         Ok(RunConfig {
             point: p.clone(),

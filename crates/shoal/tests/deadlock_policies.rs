@@ -299,13 +299,11 @@ fn timeout_policy_waits_for_the_timeout_on_every_table() {
 }
 
 fn options(kind: LockTableKind, deadlock: DeadlockPolicy, victim: Victim) -> Options {
-    Options {
-        lock_table: kind,
-        deadlock,
-        victim,
-        lock_timeout: LONG,
-        ..Options::default()
-    }
+    Options::default()
+        .with_lock_table(kind)
+        .with_deadlock(deadlock)
+        .with_victim(victim)
+        .with_lock_timeout(LONG)
 }
 
 /// Every lock table × policy × victim combination either opens (and runs what it names, as

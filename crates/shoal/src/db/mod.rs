@@ -311,7 +311,7 @@ impl Database {
     ///
     /// ```
     /// use shoal::{Database, DeadlockPolicy, Error, Options, Victim};
-    /// let o = Options { deadlock: DeadlockPolicy::NoWait, victim: Victim::KillShort, ..Options::default() };
+    /// let o = Options::default().with_deadlock(DeadlockPolicy::NoWait).with_victim(Victim::KillShort);
     /// assert!(matches!(Database::try_in_memory_with(o), Err(Error::InvalidOptions(_))));
     /// ```
     pub fn try_in_memory_with(opts: Options) -> Result<Database> {
@@ -519,7 +519,7 @@ impl Database {
     /// ```
     /// # fn main() -> shoal::Result<()> {
     /// let dir = tempfile::tempdir().unwrap();
-    /// let opts = shoal::Options { log: shoal::LogMode::Async, ..Default::default() };
+    /// let opts = shoal::Options::default().with_log(shoal::LogMode::Async);
     /// let db = shoal::Database::open(dir.path(), opts)?;
     /// let t = db.create_table("t")?;
     /// db.run(|tx| tx.put(&t, "k", "v"))?;
@@ -691,7 +691,7 @@ impl Database {
     /// # fn main() -> shoal::Result<()> {
     /// use shoal::{ConcurrencyControl, Database, Options};
     /// use shoal::doppel::SplitOp;
-    /// let db = Database::in_memory_with(Options { cc: ConcurrencyControl::Doppel, ..Options::default() });
+    /// let db = Database::in_memory_with(Options::default().with_cc(ConcurrencyControl::Doppel));
     /// let t = db.create_table("items")?;
     /// db.split_hint(&t, "max_bid", SplitOp::Max)?;
     /// db.run(|tx| tx.max(&t, "max_bid", 30))?;
@@ -716,7 +716,7 @@ impl Database {
     /// # fn main() -> shoal::Result<()> {
     /// use shoal::{ConcurrencyControl, Database, Options};
     /// use shoal::doppel::SplitOp;
-    /// let db = Database::in_memory_with(Options { cc: ConcurrencyControl::Doppel, ..Options::default() });
+    /// let db = Database::in_memory_with(Options::default().with_cc(ConcurrencyControl::Doppel));
     /// let t = db.create_table("t")?;
     /// db.split_hint(&t, "k", SplitOp::Add)?;
     /// db.clear_split_hint(&t, "k")?;
@@ -765,7 +765,7 @@ impl Database {
     ///
     /// ```
     /// use shoal::{Admission, Database, Options};
-    /// let db = Database::in_memory_with(Options { admission: Admission::Limit(2), ..Options::default() });
+    /// let db = Database::in_memory_with(Options::default().with_admission(Admission::Limit(2)));
     /// let t = db.create_table("t")?;
     /// let mut tx = db.begin();
     /// tx.put(&t, "k", "v")?;
@@ -784,7 +784,7 @@ impl Database {
     ///
     /// ```
     /// use shoal::{ConcurrencyControl, Database, Options};
-    /// let db = Database::in_memory_with(Options { cc: ConcurrencyControl::Doppel, ..Options::default() });
+    /// let db = Database::in_memory_with(Options::default().with_cc(ConcurrencyControl::Doppel));
     /// assert_eq!(db.doppel_stats().map(|s| s.stashed), Some(0));
     /// assert!(Database::in_memory().doppel_stats().is_none());
     /// ```
@@ -798,7 +798,7 @@ impl Database {
     /// ```
     /// # fn main() -> shoal::Result<()> {
     /// use shoal::{ConcurrencyControl, Database, Options};
-    /// let db = Database::in_memory_with(Options { cc: ConcurrencyControl::Doppel, ..Options::default() });
+    /// let db = Database::in_memory_with(Options::default().with_cc(ConcurrencyControl::Doppel));
     /// assert!(db.split_keys().is_empty());
     /// # Ok(())
     /// # }

@@ -20,11 +20,9 @@ pub const LOCK_TIMEOUT: Duration = Duration::from_millis(300);
 
 /// Options for one concurrency-control mode, with the tests' short lock timeout.
 pub fn options(cc: ConcurrencyControl) -> Options {
-    Options {
-        cc,
-        lock_timeout: LOCK_TIMEOUT,
-        ..Options::default()
-    }
+    Options::default()
+        .with_cc(cc)
+        .with_lock_timeout(LOCK_TIMEOUT)
 }
 
 /// Every serializable concurrency-control mode the correctness tests run against. Later

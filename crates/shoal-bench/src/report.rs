@@ -194,7 +194,9 @@ impl Record {
             options: {
                 // The engine options not swept, at their effective values, then the sweep
                 // point (which names the swept ones as given).
-                let mut o: BTreeMap<String, Value> = crate::engine_opts::describe(&r.cfg.options)
+                let mut o: BTreeMap<String, Value> = r
+                    .cfg
+                    .engine_options()
                     .into_iter()
                     .map(|(n, v)| (json_name(n), v))
                     .collect();

@@ -200,7 +200,7 @@ impl Workload for Incr {
     fn worker(&self, cfg: &RunConfig, run: u16, _thread: u16, seed: u64) -> IncrWorker {
         let every = (cfg.point.get("hot-move-every").is_some() && self.hot_key)
             .then(|| text(cfg, "hot-move-every", ""))
-            .and_then(|s| crate::engine_opts::parse_duration(s).ok())
+            .and_then(|s| crate::config::engine::parse_duration(s).ok())
             .filter(|d| !d.is_zero());
         let moving = every.map(|every| {
             // The harness makes every worker of a run before it starts any; the first one

@@ -9,14 +9,14 @@
 //! for the records. An option is an axis of the sweep only when given on the command line;
 //! otherwise the engine's default holds (and the JSON record still names it).
 //!
-//! Adding an option: a variant of [`Setting`] (with its arms in the `impl`), and a field of
-//! [`EngineArgs`].
+//! Adding an option: a variant of [`Setting`] (with its arms in the `impl`), and a line of
+//! [`OPTIONS`] (its name, help and parser).
 
 use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser, ValueParser};
 use shoal::{
     Admission, DeadlockPolicy, Elr, IntentLockKind, KeyRangeModes, LockTableKind, Options, Victim,
     WaitStyle,
@@ -276,24 +276,19 @@ impl Setting {
         ]
     }
 
-    /// Parses the value `s` of the option named `axis` (the form the command line takes).
+    /// Parses the value `s` of the option named `axis` as the command line does.
     #[cfg(test)]
     pub fn parse(axis: &str, s: &str) -> Result<Setting, String> {
-        let named = |v: Option<Setting>| v.ok_or_else(|| format!("unknown --{axis} {s}"));
-        match axis {
-            "lock-table" => named(parse_in(LOCK_TABLES, s).map(Setting::LockTable)),
-            "intent-locks" => named(parse_in(INTENT_LOCKS, s).map(Setting::IntentLocks)),
-            "key-range-modes" => named(parse_in(KEY_RANGE_MODES, s).map(Setting::KeyRangeModes)),
-            "deadlock" => named(parse_in(DEADLOCK, s).map(Setting::Deadlock)),
-            "victim" => named(parse_in(VICTIMS, s).map(Setting::Victim)),
-            "elr" => named(parse_in(ELR, s).map(Setting::Elr)),
-            "log-latency" => Given::parse(s).map(Setting::LogLatency),
-            "checkpoint-interval" => parse_interval(s),
-            "lock-timeout" => Given::parse(s).map(Setting::LockTimeout),
-            "admission" => parse_admission(s),
-            "log-dir" => Ok(Setting::LogDir(PathBuf::from(s))),
-            _ => Err(format!("no engine option {axis}")),
-        }
+        use clap::{Args, FromArgMatches};
+        let cmd = EngineArgs::augment_args(clap::Command::new("t").no_binary_name(true));
+        let m = cmd
+            .try_get_matches_from([format!("--{axis}={s}")])
+            .map_err(|e| e.to_string())?;
+        let a = EngineArgs::from_arg_matches(&m).map_err(|e| e.to_string())?;
+        let mut values = a.given.into_iter().flatten();
+        values
+            .next()
+            .ok_or_else(|| format!("no value for --{axis}"))
     }
 
     /// The sweep value of option `axis` at `s` (tests).
@@ -378,97 +373,127 @@ fn parse_admission(s: &str) -> Result<Setting, String> {
     Ok(Setting::Admission(a))
 }
 
-/// The engine options of `shoal bench`, each a comma-separated list of values to sweep.
-#[derive(Debug, Default, clap::Args)]
+/// The engine options of `shoal bench`: name (the long option, and the sweep axis), help,
+/// and the parser that types a value. Each takes a comma-separated list of values to sweep.
+type EngineOption = (&'static str, &'static str, fn() -> ValueParser);
+
+const OPTIONS: &[EngineOption] = &[
+    (
+        "lock-table",
+        "Lock table for 2PL: `sharded` (default: hash-partitioned, one mutex per shard), \
+         `latched` (one latch over the whole table: the baseline of Jung et al.) or \
+         `latch-free` (Jung et al.'s staged lock table)",
+        || ValueParser::new(enum_parser(LOCK_TABLES, Setting::LockTable)),
+    ),
+    (
+        "intent-locks",
+        "Intent locks on tables and the database: `lil` (lightweight intent locks, the \
+         default) or `table` (through the lock table)",
+        || ValueParser::new(enum_parser(INTENT_LOCKS, Setting::IntentLocks)),
+    ),
+    (
+        "key-range-modes",
+        "Key-range lock modes for 2PL: `graefe` (default), `lomet` or `sx` (S/X only)",
+        || ValueParser::new(enum_parser(KEY_RANGE_MODES, Setting::KeyRangeModes)),
+    ),
+    (
+        "deadlock",
+        "Deadlock handling of the lock table (default `wait-for-graph`)",
+        || ValueParser::new(enum_parser(DEADLOCK, Setting::Deadlock)),
+    ),
+    (
+        "victim",
+        "Which transaction of a Dreadlocks deadlock is rolled back (default `kill-young`); \
+         `kill-short` and `kill-long` need a `dreadlocks-*` policy (every lock table runs \
+         every `--deadlock` policy; other victim choices are refused, not ignored)",
+        || ValueParser::new(enum_parser(VICTIMS, Setting::Victim)),
+    ),
+    (
+        "elr",
+        "Early lock release (default `off`): `s` releases shared locks at the commit \
+         request, `sx` all locks once the commit record is buffered (safe), `sx-unsafe` \
+         without the read-only wait",
+        || ValueParser::new(enum_parser(ELR, Setting::Elr)),
+    ),
+    (
+        "log-latency",
+        "Extra delay per log flush on top of the real fsync, e.g. `10ms` (a disk) or `50us`",
+        || ValueParser::new(|s: &str| Given::parse(s).map(Setting::LogLatency)),
+    ),
+    (
+        "checkpoint-interval",
+        "Background checkpoint interval, e.g. `10s`, or `off` (default)",
+        || ValueParser::new(parse_interval),
+    ),
+    (
+        "admission",
+        "Load control: how many transactions run at once (`auto`, the default: one per core; \
+         `off`: no limit, the old behaviour; or a number). Threads past the limit wait in \
+         begin (counted in their latency); a transaction waiting for a lock or the log does \
+         not count",
+        || ValueParser::new(parse_admission),
+    ),
+    (
+        "lock-timeout",
+        "Longest wait for one lock before a transaction aborts (default 2s)",
+        || ValueParser::new(|s: &str| Given::parse(s).map(Setting::LockTimeout)),
+    ),
+    (
+        "log-dir",
+        "Put the log in DIR (a fresh subdirectory per database, removed afterwards) instead \
+         of in the database directory",
+        || ValueParser::new(|s: &str| Ok::<_, String>(Setting::LogDir(PathBuf::from(s)))),
+    ),
+];
+
+/// The engine options given on the command line ([`OPTIONS`]), each with its values.
+#[derive(Clone, Debug, Default)]
 pub struct EngineArgs {
-    /// Lock table for 2PL: `sharded` (default: hash-partitioned, one mutex per shard),
-    /// `latched` (one latch over the whole table: the baseline of Jung et al.) or
-    /// `latch-free` (Jung et al.'s staged lock table).
-    #[arg(long, value_delimiter = ',', value_name = "LIST",
-          value_parser = enum_parser(LOCK_TABLES, Setting::LockTable))]
-    lock_table: Option<Vec<Setting>>,
+    given: Vec<Vec<Setting>>,
+}
 
-    /// Intent locks on tables and the database: `lil` (lightweight intent locks, the
-    /// default) or `table` (through the lock table).
-    #[arg(long, value_delimiter = ',', value_name = "LIST",
-          value_parser = enum_parser(INTENT_LOCKS, Setting::IntentLocks))]
-    intent_locks: Option<Vec<Setting>>,
+impl clap::Args for EngineArgs {
+    fn augment_args(cmd: clap::Command) -> clap::Command {
+        OPTIONS.iter().fold(cmd, |cmd, (name, help, parser)| {
+            cmd.arg(
+                clap::Arg::new(*name)
+                    .long(*name)
+                    .help(*help)
+                    .value_delimiter(',')
+                    .value_name("LIST")
+                    .action(clap::ArgAction::Append)
+                    .value_parser(parser()),
+            )
+        })
+    }
 
-    /// Key-range lock modes for 2PL: `graefe` (default), `lomet` or `sx` (S/X only).
-    #[arg(long, value_delimiter = ',', value_name = "LIST",
-          value_parser = enum_parser(KEY_RANGE_MODES, Setting::KeyRangeModes))]
-    key_range_modes: Option<Vec<Setting>>,
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        Self::augment_args(cmd)
+    }
+}
 
-    /// Deadlock handling of the lock table (default `wait-for-graph`).
-    #[arg(long, value_delimiter = ',', value_name = "LIST",
-          value_parser = enum_parser(DEADLOCK, Setting::Deadlock))]
-    deadlock: Option<Vec<Setting>>,
+impl clap::FromArgMatches for EngineArgs {
+    fn from_arg_matches(m: &clap::ArgMatches) -> Result<Self, clap::Error> {
+        let mut a = EngineArgs::default();
+        a.update_from_arg_matches(m)?;
+        Ok(a)
+    }
 
-    /// Which transaction of a Dreadlocks deadlock is rolled back (default `kill-young`);
-    /// `kill-short` and `kill-long` need a `dreadlocks-*` policy (every lock table runs
-    /// every `--deadlock` policy; other victim choices are refused, not ignored).
-    #[arg(long, value_delimiter = ',', value_name = "LIST",
-          value_parser = enum_parser(VICTIMS, Setting::Victim))]
-    victim: Option<Vec<Setting>>,
-
-    /// Early lock release (default `off`): `s` releases shared locks at the commit
-    /// request, `sx` all locks once the commit record is buffered (safe), `sx-unsafe`
-    /// without the read-only wait.
-    #[arg(long, value_delimiter = ',', value_name = "LIST",
-          value_parser = enum_parser(ELR, Setting::Elr))]
-    elr: Option<Vec<Setting>>,
-
-    /// Extra delay per log flush on top of the real fsync, e.g. `10ms` (a disk) or `50us`.
-    #[arg(long, value_delimiter = ',', value_name = "LIST",
-          value_parser = |s: &str| Given::parse(s).map(Setting::LogLatency))]
-    log_latency: Option<Vec<Setting>>,
-
-    /// Background checkpoint interval, e.g. `10s`, or `off` (default).
-    #[arg(long, value_delimiter = ',', value_name = "LIST", value_parser = parse_interval)]
-    checkpoint_interval: Option<Vec<Setting>>,
-
-    /// Load control: how many transactions run at once (`auto`, the default: one per core;
-    /// `off`: no limit, the old behaviour; or a number). Threads past the limit wait in
-    /// begin (counted in their latency); a transaction waiting for a lock or the log does
-    /// not count.
-    #[arg(long, value_delimiter = ',', value_name = "LIST", value_parser = parse_admission)]
-    admission: Option<Vec<Setting>>,
-
-    /// Longest wait for one lock before a transaction aborts (default 2s).
-    #[arg(long, value_delimiter = ',', value_name = "LIST",
-          value_parser = |s: &str| Given::parse(s).map(Setting::LockTimeout))]
-    lock_timeout: Option<Vec<Setting>>,
-
-    /// Put the log in DIR (a fresh subdirectory per database, removed afterwards)
-    /// instead of in the database directory.
-    #[arg(long, value_delimiter = ',', value_name = "LIST",
-          value_parser = |s: &str| Ok::<_, String>(Setting::LogDir(PathBuf::from(s))))]
-    log_dir: Option<Vec<Setting>>,
+    fn update_from_arg_matches(&mut self, m: &clap::ArgMatches) -> Result<(), clap::Error> {
+        self.given = OPTIONS
+            .iter()
+            .filter_map(|(name, _, _)| Some(m.get_many::<Setting>(name)?.cloned().collect()))
+            .collect();
+        Ok(())
+    }
 }
 
 impl EngineArgs {
-    fn given(&self) -> impl Iterator<Item = &Vec<Setting>> {
-        [
-            &self.lock_table,
-            &self.intent_locks,
-            &self.key_range_modes,
-            &self.deadlock,
-            &self.victim,
-            &self.elr,
-            &self.log_latency,
-            &self.checkpoint_interval,
-            &self.lock_timeout,
-            &self.admission,
-            &self.log_dir,
-        ]
-        .into_iter()
-        .flatten()
-    }
-
     /// One sweep axis per option given (options not given keep the engine's default), in
     /// the order of the command-line help.
     pub fn axes(&self) -> Vec<Axis> {
-        self.given()
+        self.given
+            .iter()
             .filter_map(|v| {
                 let name = v.first()?.axis();
                 Some(Axis::new(name, true, v.iter().cloned().map(Value::Setting)))
@@ -478,7 +503,7 @@ impl EngineArgs {
 
     /// Whether any engine option was given.
     pub fn any(&self) -> bool {
-        self.given().next().is_some()
+        !self.given.is_empty()
     }
 }
 

@@ -25,17 +25,7 @@ const KINDS: [LockTableKind; 3] = [
     LockTableKind::LatchFree,
 ];
 
-const ALL_POLICIES: [DeadlockPolicy; 9] = [
-    DeadlockPolicy::Timeout,
-    DeadlockPolicy::WaitForGraph,
-    DeadlockPolicy::NoWait,
-    DeadlockPolicy::WaitDie,
-    DeadlockPolicy::WoundWait,
-    DeadlockPolicy::Dreadlocks(WaitStyle::Spin),
-    DeadlockPolicy::Dreadlocks(WaitStyle::Sleep),
-    DeadlockPolicy::Dreadlocks(WaitStyle::SleepBackoff),
-    DeadlockPolicy::Dreadlocks(WaitStyle::Hybrid),
-];
+use common::DEADLOCK_POLICIES as ALL_POLICIES;
 
 const VICTIMS: [Victim; 3] = [Victim::KillYoung, Victim::KillShort, Victim::KillLong];
 

@@ -88,7 +88,7 @@ pub(super) fn metric(m: Metric, r: &Record) -> f64 {
     match m {
         Metric::Throughput => r.throughput,
         Metric::ThroughputPerThread => r.throughput / threads(r).max(1.0),
-        Metric::Aborts => r.aborted as f64,
+        Metric::Aborts => r.aborts.aborted as f64,
         Metric::Completed => r.committed as f64,
         Metric::IntervalTps => r.throughput,
     }
@@ -158,10 +158,10 @@ pub(super) fn render_csv(e: &Experiment, groups: &[Group], done: &[Done]) -> Str
             r.throughput,
             r.throughput / threads(r).max(1.0),
             r.committed,
-            r.aborted,
-            r.aborted_deadlock,
-            r.aborted_lock_timeout,
-            r.aborted_conflict,
+            r.aborts.aborted,
+            r.aborts.aborted_deadlock,
+            r.aborts.aborted_lock_timeout,
+            r.aborts.aborted_conflict,
             r.rolled_back,
             r.latency_us.p50,
             r.latency_us.p99,

@@ -159,10 +159,6 @@ impl Incr {
 impl Workload for Incr {
     type Worker = IncrWorker;
 
-    fn rows(cfg: &RunConfig) -> u64 {
-        cfg.records
-    }
-
     fn load(
         db: &Database,
         cfg: &RunConfig,

@@ -148,8 +148,10 @@ pub trait Workload: Sync + Sized {
     /// Per-thread state: random generator, current inputs, sequence numbers.
     type Worker: Send;
 
-    /// Rows [`load`](Self::load) inserts for `cfg` (for the progress bar).
-    fn rows(cfg: &RunConfig) -> u64;
+    /// Rows [`load`](Self::load) inserts for `cfg` (for the progress bar). Default: `--records`.
+    fn rows(cfg: &RunConfig) -> u64 {
+        cfg.records
+    }
 
     /// Creates the workload's tables in the empty database `db` and loads them for `cfg`
     /// (its database-changing options), using up to `load_threads` threads. Advances

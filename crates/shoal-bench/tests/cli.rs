@@ -46,25 +46,10 @@ fn tiny_tpcb_sweep_writes_three_consistent_records() {
         ]
     );
     for r in &recs {
-        for f in [
-            "workload",
-            "engine",
-            "engine_version",
-            "cc",
-            "threads",
-            "duration_s",
-            "warmup_s",
-            "committed",
-            "aborted",
-            "aborted_deadlock",
-            "aborted_lock_timeout",
-            "aborted_conflict",
-            "throughput",
-            "latency_us",
-            "scale",
-            "read_ratio",
-            "seed",
-        ] {
+        let fields = "workload engine engine_version cc threads duration_s warmup_s committed \
+                      aborted aborted_deadlock aborted_lock_timeout aborted_conflict \
+                      throughput latency_us scale read_ratio seed";
+        for f in fields.split_whitespace() {
             assert!(r.get(f).is_some(), "missing {f} in {r:#}");
         }
         for f in ["p50", "p99", "p999", "max"] {
@@ -107,12 +92,7 @@ fn tiny_tpcc_full_mix_reports_per_type_and_passes_the_check() {
         assert_eq!(r["mix"], "full");
         assert_eq!(r["consistent"], true, "{r:#}");
         assert!(r["check"].as_str().unwrap().contains("conditions 1-4 hold"));
-        let types: Vec<&str> = r["per_type"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|t| t["type"].as_str().unwrap())
-            .collect();
+        let types = common::types(r);
         assert_eq!(
             types,
             [

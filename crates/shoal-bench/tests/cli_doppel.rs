@@ -54,12 +54,7 @@ fn like_and_rubis_run_under_doppel_and_skip_atomic() {
     for r in &recs {
         assert_eq!(r["consistent"], true, "{r:#}");
         assert_eq!(r["write_fraction"], 0.5);
-        let types: Vec<&str> = r["per_type"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|t| t["type"].as_str().unwrap())
-            .collect();
+        let types = common::types(r);
         assert_eq!(types, ["read", "write"]);
     }
     let (_, recs) = bench(

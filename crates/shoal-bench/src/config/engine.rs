@@ -27,117 +27,47 @@ use crate::sweep::{Axis, Value};
 /// The command-line name of each value of an engine enum, with the help line for `--help`.
 type Names<T> = [(&'static str, T, &'static str)];
 
+#[rustfmt::skip]
 const LOCK_TABLES: &Names<LockTableKind> = &[
-    (
-        "sharded",
-        LockTableKind::Sharded,
-        "Hash-partitioned latched table (the default): one mutex per shard",
-    ),
-    (
-        "latched",
-        LockTableKind::Latched,
-        "One latch over the whole lock hash table (Jung et al. Fig. 3, left): the baseline",
-    ),
-    (
-        "latch-free",
-        LockTableKind::LatchFree,
-        "Latch-free staged lock table (Jung et al. §3-§4)",
-    ),
+    ("sharded", LockTableKind::Sharded, "Hash-partitioned latched table (the default): one mutex per shard"),
+    ("latched", LockTableKind::Latched, "One latch over the whole lock hash table (Jung et al. Fig. 3, left): the baseline"),
+    ("latch-free", LockTableKind::LatchFree, "Latch-free staged lock table (Jung et al. §3-§4)"),
 ];
 
+#[rustfmt::skip]
 const INTENT_LOCKS: &Names<IntentLockKind> = &[
-    (
-        "lil",
-        IntentLockKind::Lightweight,
-        "Lightweight intent locks (Kimura §3.2): counters, no lock-table entries",
-    ),
-    (
-        "table",
-        IntentLockKind::LockTable,
-        "Intent locks taken through the main lock table",
-    ),
+    ("lil", IntentLockKind::Lightweight, "Lightweight intent locks (Kimura §3.2): counters, no lock-table entries"),
+    ("table", IntentLockKind::LockTable, "Intent locks taken through the main lock table"),
 ];
 
+#[rustfmt::skip]
 const KEY_RANGE_MODES: &Names<KeyRangeModes> = &[
-    (
-        "graefe",
-        KeyRangeModes::Graefe,
-        "Graefe's orthogonal modes (the default)",
-    ),
-    (
-        "lomet",
-        KeyRangeModes::Lomet,
-        "Lomet's modes: gap-only and mixed requests become SS or XX",
-    ),
-    (
-        "sx",
-        KeyRangeModes::SharedExclusive,
-        "S and X only, on key and gap together (ARIES/KVL)",
-    ),
+    ("graefe", KeyRangeModes::Graefe, "Graefe's orthogonal modes (the default)"),
+    ("lomet", KeyRangeModes::Lomet, "Lomet's modes: gap-only and mixed requests become SS or XX"),
+    ("sx", KeyRangeModes::SharedExclusive, "S and X only, on key and gap together (ARIES/KVL)"),
 ];
 
+#[rustfmt::skip]
 const DEADLOCK: &Names<DeadlockPolicy> = &[
-    (
-        "wait-for-graph",
-        DeadlockPolicy::WaitForGraph,
-        "Exact waits-for graph check when a request blocks (the engine default)",
-    ),
-    (
-        "dreadlocks-spin",
-        DeadlockPolicy::Dreadlocks(WaitStyle::Spin),
-        "Dreadlocks, spinning waiters",
-    ),
-    (
-        "dreadlocks-sleep",
-        DeadlockPolicy::Dreadlocks(WaitStyle::Sleep),
-        "Dreadlocks, sleeping waiters",
-    ),
-    (
-        "dreadlocks-backoff",
-        DeadlockPolicy::Dreadlocks(WaitStyle::SleepBackoff),
-        "Dreadlocks, sleeping waiters whose digests a release marks stale",
-    ),
-    (
-        "dreadlocks-hybrid",
-        DeadlockPolicy::Dreadlocks(WaitStyle::Hybrid),
-        "Dreadlocks, spin while runnable threads <= cores, sleep past that",
-    ),
-    (
-        "wait-die",
-        DeadlockPolicy::WaitDie,
-        "Wait-die (an older requester waits, a younger one aborts)",
-    ),
-    (
-        "wound-wait",
-        DeadlockPolicy::WoundWait,
-        "Wound-wait (an older requester aborts the younger holder)",
-    ),
-    (
-        "no-wait",
-        DeadlockPolicy::NoWait,
-        "Abort at once instead of waiting",
-    ),
-    (
-        "timeout",
-        DeadlockPolicy::Timeout,
-        "Wait until the lock timeout",
-    ),
+    ("wait-for-graph", DeadlockPolicy::WaitForGraph, "Exact waits-for graph check when a request blocks (the engine default)"),
+    ("dreadlocks-spin", DeadlockPolicy::Dreadlocks(WaitStyle::Spin), "Dreadlocks, spinning waiters"),
+    ("dreadlocks-sleep", DeadlockPolicy::Dreadlocks(WaitStyle::Sleep), "Dreadlocks, sleeping waiters"),
+    ("dreadlocks-backoff", DeadlockPolicy::Dreadlocks(WaitStyle::SleepBackoff), "Dreadlocks, sleeping waiters whose digests a release marks stale"),
+    ("dreadlocks-hybrid", DeadlockPolicy::Dreadlocks(WaitStyle::Hybrid), "Dreadlocks, spin while runnable threads <= cores, sleep past that"),
+    ("wait-die", DeadlockPolicy::WaitDie, "Wait-die (an older requester waits, a younger one aborts)"),
+    ("wound-wait", DeadlockPolicy::WoundWait, "Wound-wait (an older requester aborts the younger holder)"),
+    ("no-wait", DeadlockPolicy::NoWait, "Abort at once instead of waiting"),
+    ("timeout", DeadlockPolicy::Timeout, "Wait until the lock timeout"),
 ];
 
+#[rustfmt::skip]
 const VICTIMS: &Names<Victim> = &[
     ("kill-young", Victim::KillYoung, "The younger transaction"),
-    (
-        "kill-short",
-        Victim::KillShort,
-        "The transaction whose thread has fewer pipelined commits waiting to become durable",
-    ),
-    (
-        "kill-long",
-        Victim::KillLong,
-        "The transaction whose thread has more pipelined commits waiting to become durable",
-    ),
+    ("kill-short", Victim::KillShort, "The transaction whose thread has fewer pipelined commits waiting to become durable"),
+    ("kill-long", Victim::KillLong, "The transaction whose thread has more pipelined commits waiting to become durable"),
 ];
 
+#[rustfmt::skip]
 const ELR: &Names<Elr> = &[
     ("off", Elr::Off, "Locks held until the commit is durable"),
     ("s", Elr::Shared, "Shared locks released at the commit request"),

@@ -41,3 +41,12 @@ pub fn bench(dir: &Path, args: &str) -> (String, Vec<serde_json::Value>) {
     let (stdout, _) = shoal(dir, &all);
     (stdout, records(&dir.join("out.json")))
 }
+
+/// The transaction types of a record's `per_type` list, in order.
+pub fn types(r: &serde_json::Value) -> Vec<&str> {
+    let per_type = r["per_type"].as_array().expect("per_type in the record");
+    per_type
+        .iter()
+        .map(|t| t["type"].as_str().unwrap())
+        .collect()
+}

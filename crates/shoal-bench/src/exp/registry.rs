@@ -26,33 +26,43 @@ pub(super) fn args(s: &str) -> Vec<String> {
     s.split_whitespace().map(String::from).collect()
 }
 
-pub(super) fn sweep(label: &str, a: &str) -> Run {
-    Run {
-        label: label.to_string(),
-        args: args(a),
+impl Group {
+    /// A panel titled `title` over the option `x` (a JSON name, or [`TIME`](super::TIME)):
+    /// throughput on a linear axis, no sweeps yet.
+    pub(super) fn new(title: impl Into<String>, x: &'static str) -> Group {
+        Group {
+            title: title.into(),
+            x,
+            metrics: vec![Metric::Throughput],
+            log_y: false,
+            runs: Vec::new(),
+        }
     }
-}
 
-pub(super) fn group(
-    title: &str,
-    x: &'static str,
-    metrics: &[Metric],
-    log_y: bool,
-    runs: Vec<Run>,
-) -> Group {
-    Group {
-        title: title.to_string(),
-        x,
-        metrics: metrics.to_vec(),
-        log_y,
-        runs,
+    /// The y axes, one panel each (instead of throughput alone).
+    pub(super) fn metrics(mut self, metrics: &[Metric]) -> Group {
+        self.metrics = metrics.to_vec();
+        self
     }
-}
 
-/// A panel of one throughput sweep with the `shoal bench` arguments `a` (the Doppel
-/// experiments' shape).
-pub(super) fn throughput(title: &str, x: &'static str, log_y: bool, a: &str) -> Group {
-    group(title, x, &[Metric::Throughput], log_y, vec![sweep("", a)])
+    /// A logarithmic y axis.
+    pub(super) fn log_y(mut self) -> Group {
+        self.log_y = true;
+        self
+    }
+
+    /// Adds the sweep `shoal bench ARGS` (`args` separated by white space), its series
+    /// labelled `label` (empty: by the options that vary).
+    pub(super) fn sweep(self, label: &str, args: &str) -> Group {
+        self.run(label, super::registry::args(args))
+    }
+
+    /// Adds a sweep given as `shoal bench`'s argument list.
+    pub(super) fn run(mut self, label: &str, args: Vec<String>) -> Group {
+        let label = label.to_string();
+        self.runs.push(Run { label, args });
+        self
+    }
 }
 
 /// `quick`'s value list or the full one.
@@ -66,19 +76,16 @@ pub(super) fn values(quick: bool, quick_values: &'static str, full: &'static str
 
 /// Duration and warm-up arguments.
 pub(super) fn window(quick: bool) -> &'static str {
-    if quick {
-        "--duration 0.5 --warmup 0.2"
-    } else {
-        "--duration 5 --warmup 1"
-    }
+    values(
+        quick,
+        "--duration 0.5 --warmup 0.2",
+        "--duration 5 --warmup 1",
+    )
 }
 
 /// The Doppel experiments' windows (Doppel needs a few classification intervals of 200 ms
 /// before it splits anything, so even quick runs last 1.5 s).
 pub(super) fn doppel_window(quick: bool) -> &'static str {
-    if quick {
-        "--duration 1.5 --warmup 0.5 --records 100000"
-    } else {
-        "--duration 5 --warmup 1"
-    }
+    let quick_window = "--duration 1.5 --warmup 0.5 --records 100000";
+    values(quick, quick_window, "--duration 5 --warmup 1")
 }

@@ -1,13 +1,12 @@
 use std::collections::BTreeMap;
 
 use super::output::*;
-use super::registry::*;
 use super::*;
 use crate::sweep::Value;
 
 #[test]
 fn options_only_some_runs_carry_are_not_series_keys() {
-    let g = group("t", "alpha", &[Metric::Throughput], false, Vec::new());
+    let g = Group::new("t", "alpha");
     let run = |kv: &[(&str, &str)]| -> BTreeMap<String, String> {
         kv.iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -71,16 +70,11 @@ fn record(args: &str, tps: u64, intervals: Vec<Sample>) -> Record {
 
 #[test]
 fn series_name_the_sweep_and_the_options_varying_in_it() {
-    let groups = vec![group(
-        "g",
-        "threads",
-        &[Metric::ThroughputPerThread],
-        true,
-        vec![
-            sweep("insert", "insert"),
-            sweep("payment", "tpcc --mix payment"),
-        ],
-    )];
+    let groups = vec![Group::new("g", "threads")
+        .metrics(&[Metric::ThroughputPerThread])
+        .log_y()
+        .sweep("insert", "insert")
+        .sweep("payment", "tpcc --mix payment")];
     let done: Vec<Done> = [
         ("insert", "insert --threads 1", 100),
         ("insert", "insert --threads 4", 200),
@@ -119,13 +113,9 @@ fn series_name_the_sweep_and_the_options_varying_in_it() {
 
 #[test]
 fn time_panels_plot_the_samples() {
-    let groups = vec![group(
-        "t",
-        TIME,
-        &[Metric::Completed, Metric::IntervalTps],
-        false,
-        vec![sweep("", "tpcb --victim kill-short,kill-long --csv x.csv")],
-    )];
+    let groups = vec![Group::new("t", TIME)
+        .metrics(&[Metric::Completed, Metric::IntervalTps])
+        .sweep("", "tpcb --victim kill-short,kill-long --csv x.csv")];
     let sample = |t_s, total_commits| Sample {
         t_s,
         commits: 10,

@@ -204,11 +204,6 @@ impl RunStats {
             0.0
         }
     }
-
-    /// All measured aborts.
-    pub fn aborted(&self) -> u64 {
-        self.aborts.iter().sum()
-    }
 }
 
 /// A latency histogram: 1 ns .. ~18 minutes at 3 significant digits.
@@ -648,7 +643,7 @@ mod tests {
         let sum = |f: fn(&TypeStats) -> u64| st.per_type.iter().map(f).sum::<u64>();
         assert_eq!(sum(|t| t.committed), st.committed);
         assert_eq!(sum(|t| t.rolled_back), st.rolled_back);
-        assert_eq!(sum(TypeStats::aborted), st.aborted());
+        assert_eq!(sum(TypeStats::aborted), st.aborts.iter().sum::<u64>());
         assert!(st.measured >= Duration::from_millis(100));
         assert!(st.lock_footprint.is_none() && st.doppel.is_none());
     }

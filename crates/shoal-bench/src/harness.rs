@@ -411,6 +411,7 @@ impl<W: Workload> driver::WorkerLoop for NativeLoop<'_, W> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::engine::Setting;
     use crate::sweep::Axis;
     use shoal::ConcurrencyControl;
 
@@ -423,7 +424,7 @@ mod tests {
                 Axis::new("threads", false, threads.iter().copied()),
                 Axis::new("read-ratio", false, [0.0]),
                 Axis::new("seed", false, [42u64]),
-                Axis::new("elr", true, ["sx"]),
+                Axis::new("elr", true, [Setting::value("elr", "sx")]),
             ],
         }
     }

@@ -13,7 +13,6 @@
 mod config;
 mod dist;
 mod driver;
-mod engine_opts;
 mod engines;
 mod exp;
 mod harness;
@@ -34,7 +33,6 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 
 use config::{Cc, Log, Params};
-use engine_opts::{DeadlockArg, ElrArg, IntentArg, KeyModesArg, LockTableArg, VictimArg};
 use report::Record;
 use sweep::{Axis, Sweep};
 use workloads::WorkloadKind;
@@ -185,60 +183,8 @@ struct BenchArgs {
     #[arg(long, value_name = "SECS", default_value = "1", value_parser = parse_secs)]
     warmup: f64,
 
-    /// Lock table for 2PL: `sharded` (default: hash-partitioned, one mutex per shard),
-    /// `latched` (one latch over the whole table: the baseline of Jung et al.) or
-    /// `latch-free` (Jung et al.'s staged lock table).
-    #[arg(long, value_enum, value_delimiter = ',', value_name = "LIST")]
-    lock_table: Option<Vec<LockTableArg>>,
-
-    /// Intent locks on tables and the database: `lil` (lightweight intent locks, the
-    /// default) or `table` (through the lock table).
-    #[arg(long, value_enum, value_delimiter = ',', value_name = "LIST")]
-    intent_locks: Option<Vec<IntentArg>>,
-
-    /// Key-range lock modes for 2PL: `graefe` (default), `lomet` or `sx` (S/X only).
-    #[arg(long, value_enum, value_delimiter = ',', value_name = "LIST")]
-    key_range_modes: Option<Vec<KeyModesArg>>,
-
-    /// Deadlock handling of the lock table (default `wait-for-graph`).
-    #[arg(long, value_enum, value_delimiter = ',', value_name = "LIST")]
-    deadlock: Option<Vec<DeadlockArg>>,
-
-    /// Which transaction of a Dreadlocks deadlock is rolled back (default `kill-young`);
-    /// `kill-short` and `kill-long` need a `dreadlocks-*` policy (every lock table runs
-    /// every `--deadlock` policy; other victim choices are refused, not ignored).
-    #[arg(long, value_enum, value_delimiter = ',', value_name = "LIST")]
-    victim: Option<Vec<VictimArg>>,
-
-    /// Early lock release (default `off`): `s` releases shared locks at the commit
-    /// request, `sx` all locks once the commit record is buffered (safe), `sx-unsafe`
-    /// without the read-only wait.
-    #[arg(long, value_enum, value_delimiter = ',', value_name = "LIST")]
-    elr: Option<Vec<ElrArg>>,
-
-    /// Extra delay per log flush on top of the real fsync, e.g. `10ms` (a disk) or `50us`.
-    #[arg(long, value_delimiter = ',', value_name = "LIST", value_parser = engine_opts::parse_latency)]
-    log_latency: Option<Vec<String>>,
-
-    /// Background checkpoint interval, e.g. `10s`, or `off` (default).
-    #[arg(long, value_delimiter = ',', value_name = "LIST", value_parser = engine_opts::parse_interval)]
-    checkpoint_interval: Option<Vec<String>>,
-
-    /// Load control: how many transactions run at once (`auto`, the default: one per core;
-    /// `off`: no limit, the old behaviour; or a number). Threads past the limit wait in
-    /// begin (counted in their latency); a transaction waiting for a lock or the log does
-    /// not count.
-    #[arg(long, value_delimiter = ',', value_name = "LIST", value_parser = engine_opts::parse_admission)]
-    admission: Option<Vec<String>>,
-
-    /// Longest wait for one lock before a transaction aborts (default 2s).
-    #[arg(long, value_delimiter = ',', value_name = "LIST", value_parser = engine_opts::parse_latency)]
-    lock_timeout: Option<Vec<String>>,
-
-    /// Put the log in DIR (a fresh subdirectory per database, removed afterwards)
-    /// instead of in the database directory.
-    #[arg(long, value_delimiter = ',', value_name = "LIST")]
-    log_dir: Option<Vec<PathBuf>>,
+    #[command(flatten)]
+    engine: config::engine::EngineArgs,
 
     /// Zipfian key skew THETA (0 = uniform) for the hot keys (TPC-B: tellers, hence
     /// branches; YCSB: records, default 0.99).
@@ -372,35 +318,7 @@ impl BenchArgs {
         axes.push(Axis::new("cc", true, self.cc.iter().map(|c| c.name())));
         axes.push(Axis::new("log", true, self.log.iter().map(|l| l.name())));
         // Engine options become axes only when given, so that runs name what was chosen.
-        fn names<T: Copy>(v: &Option<Vec<T>>, f: impl Fn(T) -> String) -> Option<Vec<String>> {
-            v.as_ref().map(|v| v.iter().map(|x| f(*x)).collect())
-        }
-        let engine: [(&'static str, Option<Vec<String>>); 11] = [
-            ("lock-table", names(&self.lock_table, LockTableArg::name)),
-            ("intent-locks", names(&self.intent_locks, IntentArg::name)),
-            (
-                "key-range-modes",
-                names(&self.key_range_modes, KeyModesArg::name),
-            ),
-            ("deadlock", names(&self.deadlock, DeadlockArg::name)),
-            ("victim", names(&self.victim, VictimArg::name)),
-            ("elr", names(&self.elr, ElrArg::name)),
-            ("log-latency", self.log_latency.clone()),
-            ("checkpoint-interval", self.checkpoint_interval.clone()),
-            ("lock-timeout", self.lock_timeout.clone()),
-            ("admission", self.admission.clone()),
-            (
-                "log-dir",
-                self.log_dir
-                    .as_ref()
-                    .map(|v| v.iter().map(|p| p.display().to_string()).collect()),
-            ),
-        ];
-        for (name, values) in engine {
-            if let Some(v) = values {
-                axes.push(Axis::new(name, true, v.iter().map(String::as_str)));
-            }
-        }
+        axes.extend(self.engine.axes());
         let records = self.records.as_deref();
         axes.extend(self.doppel.db_axes(self.workload, records));
         match self.workload {
@@ -514,25 +432,12 @@ impl BenchArgs {
 
 fn bench(args: &BenchArgs) -> anyhow::Result<()> {
     if !args.peers.engine.is_empty() {
-        let shoal_only = [
-            args.lock_table.is_some(),
-            args.intent_locks.is_some(),
-            args.key_range_modes.is_some(),
-            args.deadlock.is_some(),
-            args.victim.is_some(),
-            args.elr.is_some(),
-            args.log_latency.is_some(),
-            args.checkpoint_interval.is_some(),
-            args.lock_timeout.is_some(),
-            args.log_dir.is_some(),
-            args.admission.is_some(),
-        ];
         if args.doppel.hot_move_every.is_some() || args.doppel.split_top.is_some() {
             anyhow::bail!(
                 "--hot-move-every and --split-top are not supported with --engine (shoal bench only)"
             );
         }
-        if shoal_only.contains(&true) {
+        if args.engine.any() {
             println!("note: --engine runs every engine with its default options; the shoal engine options given are ignored");
         }
         return portable::run(&args.portable_params());

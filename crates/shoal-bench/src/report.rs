@@ -50,6 +50,44 @@ impl Latency {
     }
 }
 
+/// Aborts (each retried) in a measurement window, all reasons and by reason; in the JSON
+/// records of both drivers and of each transaction type.
+#[derive(Clone, Debug, Serialize)]
+pub struct Aborts {
+    /// All aborts.
+    pub aborted: u64,
+    /// Aborts by deadlock.
+    pub aborted_deadlock: u64,
+    /// Aborts by lock timeout (SQLite: busy).
+    pub aborted_lock_timeout: u64,
+    /// Aborts by optimistic conflict.
+    pub aborted_conflict: u64,
+}
+
+impl Aborts {
+    /// The aborts counted as deadlock, lock timeout and conflict.
+    pub fn of(by_reason: [u64; 3]) -> Aborts {
+        let [deadlock, lock_timeout, conflict] = by_reason;
+        Aborts {
+            aborted: deadlock + lock_timeout + conflict,
+            aborted_deadlock: deadlock,
+            aborted_lock_timeout: lock_timeout,
+            aborted_conflict: conflict,
+        }
+    }
+
+    /// The four counts as table cells.
+    pub fn cells(&self) -> [String; 4] {
+        [
+            self.aborted,
+            self.aborted_deadlock,
+            self.aborted_lock_timeout,
+            self.aborted_conflict,
+        ]
+        .map(|n| n.to_string())
+    }
+}
+
 /// One transaction type's measurements in a run's JSON record.
 #[derive(Clone, Debug, Serialize)]
 pub struct TypeRecord {
@@ -60,14 +98,9 @@ pub struct TypeRecord {
     pub committed: u64,
     /// Expected rollbacks in the measurement window (TPC-C NewOrder's invalid item).
     pub rolled_back: u64,
-    /// Aborts (each retried) in the measurement window.
-    pub aborted: u64,
-    /// Aborts by deadlock.
-    pub aborted_deadlock: u64,
-    /// Aborts by lock timeout.
-    pub aborted_lock_timeout: u64,
-    /// Aborts by optimistic conflict.
-    pub aborted_conflict: u64,
+    /// Aborts in the measurement window, by reason.
+    #[serde(flatten)]
+    pub aborts: Aborts,
     /// Doppel: attempts stashed (re-run in the next joined phase; not aborts).
     pub stashed: u64,
     /// Aborts per attempt: aborted / (committed + rolled back + aborted), 0 to 1.
@@ -87,10 +120,7 @@ impl TypeRecord {
             name: t.name.to_string(),
             committed: t.committed,
             rolled_back: t.rolled_back,
-            aborted,
-            aborted_deadlock: t.aborts[0],
-            aborted_lock_timeout: t.aborts[1],
-            aborted_conflict: t.aborts[2],
+            aborts: Aborts::of(t.aborts),
             stashed: t.stashed,
             abort_rate: if attempts == 0 {
                 0.0
@@ -130,14 +160,9 @@ pub struct Record {
     pub measured_s: f64,
     /// Commits in the measurement window.
     pub committed: u64,
-    /// Aborts (each retried) in the measurement window.
-    pub aborted: u64,
-    /// Aborts by deadlock.
-    pub aborted_deadlock: u64,
-    /// Aborts by lock timeout.
-    pub aborted_lock_timeout: u64,
-    /// Aborts by optimistic conflict.
-    pub aborted_conflict: u64,
+    /// Aborts in the measurement window, by reason.
+    #[serde(flatten)]
+    pub aborts: Aborts,
     /// Doppel: attempts stashed in the measurement window, each re-run in the next joined
     /// phase (not aborts; the wait counts in the latency).
     pub stashed: u64,
@@ -194,7 +219,9 @@ impl Record {
             options: {
                 // The engine options not swept, at their effective values, then the sweep
                 // point (which names the swept ones as given).
-                let mut o: BTreeMap<String, Value> = crate::engine_opts::describe(&r.cfg.options)
+                let mut o: BTreeMap<String, Value> = r
+                    .cfg
+                    .engine_options()
                     .into_iter()
                     .map(|(n, v)| (json_name(n), v))
                     .collect();
@@ -206,10 +233,7 @@ impl Record {
             warmup_s: params.warmup.as_secs_f64(),
             measured_s: s.measured.as_secs_f64(),
             committed: s.committed,
-            aborted: s.aborted(),
-            aborted_deadlock: s.aborts[0],
-            aborted_lock_timeout: s.aborts[1],
-            aborted_conflict: s.aborts[2],
+            aborts: Aborts::of(s.aborts),
             stashed: s.stashed,
             doppel: s.doppel.clone(),
             rolled_back: s.rolled_back,
@@ -376,13 +400,9 @@ pub fn render_table(params: &Params, sweep: &Sweep, records: &[Record]) -> Strin
             })
             .collect();
         let l = &r.latency_us;
+        row.extend([format!("{:.0}", r.throughput), r.committed.to_string()]);
+        row.extend(r.aborts.cells());
         row.extend([
-            format!("{:.0}", r.throughput),
-            r.committed.to_string(),
-            r.aborted.to_string(),
-            r.aborted_deadlock.to_string(),
-            r.aborted_lock_timeout.to_string(),
-            r.aborted_conflict.to_string(),
             r.stashed.to_string(),
             format!("{:.1}", l.p50),
             format!("{:.1}", l.p99),
@@ -431,7 +451,7 @@ fn render_per_type(cols: &[&'static str], records: &[Record]) -> String {
         for t in r
             .per_type
             .iter()
-            .filter(|t| t.committed + t.rolled_back + t.aborted > 0)
+            .filter(|t| t.committed + t.rolled_back + t.aborts.aborted > 0)
         {
             let mut row: Vec<String> = cols
                 .iter()
@@ -447,10 +467,9 @@ fn render_per_type(cols: &[&'static str], records: &[Record]) -> String {
                 format!("{:.0}", t.throughput),
                 t.committed.to_string(),
                 t.rolled_back.to_string(),
-                t.aborted.to_string(),
-                t.aborted_deadlock.to_string(),
-                t.aborted_lock_timeout.to_string(),
-                t.aborted_conflict.to_string(),
+            ]);
+            row.extend(t.aborts.cells());
+            row.extend([
                 t.stashed.to_string(),
                 format!("{:.2}", t.abort_rate * 100.0),
                 format!("{:.1}", l.p50),
@@ -662,7 +681,7 @@ mod tests {
         t.aborts = [1, 0, 1];
         t.latency_ns.record(5_000).unwrap();
         let tr = TypeRecord::new(&t, 2.0);
-        assert_eq!((tr.aborted, tr.throughput), (2, 5.0));
+        assert_eq!((tr.aborts.aborted, tr.throughput), (2, 5.0));
         assert!((tr.abort_rate - 2.0 / 14.0).abs() < 1e-5);
         assert_eq!(tr.latency_us.p90, 5.0);
         for r in &mut recs {

@@ -2,14 +2,18 @@
 //!
 //! Every command-line option that picks a variant or a number (`--cc`, `--threads`,
 //! `--read-ratio`, `--scale`, `--seed`) is an [`Axis`]. The benchmark runs every point of the
-//! product of all axes. Adding an option is: one clap field, one [`Axis`] in
-//! `main.rs`, one field in [`RunConfig`](crate::config::RunConfig).
+//! product of all axes. Adding a workload option is: one clap field, one [`Axis`] in
+//! `main.rs`, one field in [`RunConfig`](crate::config::RunConfig). Engine options travel
+//! typed, as [`Value::Setting`]s (see [`crate::config::engine`]).
 
 use std::fmt;
 
-use serde::Serialize;
+use serde::{Serialize, Serializer};
 
-/// One value of an axis, typed just enough to print it and to write it to JSON.
+use crate::config::engine::Setting;
+
+/// One value of an axis, typed just enough to print it and to write it to JSON, or an engine
+/// option typed as [`Options`](shoal::Options) takes it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(untagged)]
 pub enum Value {
@@ -19,6 +23,13 @@ pub enum Value {
     Float(f64),
     /// A named variant (concurrency control).
     Text(String),
+    /// An engine option, written as the command line names it.
+    #[serde(serialize_with = "as_text")]
+    Setting(Setting),
+}
+
+fn as_text<S: Serializer>(v: &Setting, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(v)
 }
 
 impl fmt::Display for Value {
@@ -27,6 +38,7 @@ impl fmt::Display for Value {
             Value::Int(v) => write!(f, "{v}"),
             Value::Float(v) => write!(f, "{v}"),
             Value::Text(v) => f.write_str(v),
+            Value::Setting(v) => write!(f, "{v}"),
         }
     }
 }
@@ -96,6 +108,14 @@ impl Point {
     /// The value of axis `name`, if the sweep has that axis.
     pub fn get(&self, name: &str) -> Option<&Value> {
         self.0.iter().find(|(n, _)| *n == name).map(|(_, v)| v)
+    }
+
+    /// The engine options set at this point.
+    pub fn settings(&self) -> impl Iterator<Item = &Setting> {
+        self.0.iter().filter_map(|(_, v)| match v {
+            Value::Setting(s) => Some(s),
+            _ => None,
+        })
     }
 
     /// `name=value` pairs joined by spaces, for notes and errors.

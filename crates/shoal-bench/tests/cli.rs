@@ -1,35 +1,18 @@
 //! Runs the built `shoal` binary on a tiny TPC-B sweep and checks its JSON output.
 
+mod common;
+
 use std::process::Command;
+
+use common::{records, shoal, shoal_env};
 
 #[test]
 fn tiny_tpcb_sweep_writes_three_consistent_records() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("out.json");
-    let out = Command::new(env!("CARGO_BIN_EXE_shoal"))
-        .current_dir(dir.path())
-        .args([
-            "bench",
-            "--scale",
-            "1",
-            "--threads",
-            "1,2",
-            "--cc",
-            "2pl,none",
-            "--warmup",
-            "0",
-            "--duration",
-            "1",
-            "--json",
-            "out.json",
-        ])
-        .output()
-        .expect("run shoal");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "shoal bench failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    let (stdout, _) = shoal(
+        dir.path(),
+        "bench --scale 1 --threads 1,2 --cc 2pl,none --warmup 0 --duration 1 --json out.json",
     );
     assert!(stdout.contains("note: skipping"), "{stdout}");
     assert!(
@@ -37,12 +20,10 @@ fn tiny_tpcb_sweep_writes_three_consistent_records() {
         "{stdout}"
     );
 
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    let recs = v.as_array().expect("a JSON array");
-    assert_eq!(recs.len(), 3, "{v:#}");
+    let recs = records(&json);
+    assert_eq!(recs.len(), 3, "{recs:#?}");
     // Each record carries the lock table's footprint at the start and end of its window.
-    for r in recs {
+    for r in &recs {
         let heads = r["lock_heads"].as_array().expect("lock_heads [start, end]");
         assert_eq!(heads.len(), 2, "{r:#}");
         assert!(r["lock_entries"].as_array().is_some(), "{r:#}");
@@ -64,26 +45,11 @@ fn tiny_tpcb_sweep_writes_three_consistent_records() {
             ("none".to_string(), 1)
         ]
     );
-    for r in recs {
-        for f in [
-            "workload",
-            "engine",
-            "engine_version",
-            "cc",
-            "threads",
-            "duration_s",
-            "warmup_s",
-            "committed",
-            "aborted",
-            "aborted_deadlock",
-            "aborted_lock_timeout",
-            "aborted_conflict",
-            "throughput",
-            "latency_us",
-            "scale",
-            "read_ratio",
-            "seed",
-        ] {
+    for r in &recs {
+        let fields = "workload engine engine_version cc threads duration_s warmup_s committed \
+                      aborted aborted_deadlock aborted_lock_timeout aborted_conflict \
+                      throughput latency_us scale read_ratio seed";
+        for f in fields.split_whitespace() {
             assert!(r.get(f).is_some(), "missing {f} in {r:#}");
         }
         for f in ["p50", "p99", "p999", "max"] {
@@ -110,53 +76,23 @@ fn bad_options_fail_with_usage() {
 #[test]
 fn tiny_tpcc_full_mix_reports_per_type_and_passes_the_check() {
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_shoal"))
-        .current_dir(dir.path())
-        .env("SHOAL_TPCC_TINY", "1")
-        .args([
-            "bench",
-            "tpcc",
-            "--warehouses",
-            "2",
-            "--threads",
-            "2",
-            "--cc",
-            "2pl,occ",
-            "--warmup",
-            "0",
-            "--duration",
-            "1",
-            "--json",
-            "out.json",
-            "--no-progress",
-        ])
-        .output()
-        .expect("run shoal");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "shoal bench tpcc failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    let (stdout, _) = shoal_env(
+        dir.path(),
+        &[("SHOAL_TPCC_TINY", "1")],
+        "bench tpcc --warehouses 2 --threads 2 --cc 2pl,occ --warmup 0 --duration 1 \
+         --json out.json --no-progress",
     );
     assert!(stdout.contains("per transaction type"), "{stdout}");
     assert!(stdout.contains("new-order"), "{stdout}");
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.path().join("out.json")).unwrap())
-            .unwrap();
-    let recs = v.as_array().expect("a JSON array");
-    assert_eq!(recs.len(), 2, "{v:#}");
-    for r in recs {
+    let recs = records(&dir.path().join("out.json"));
+    assert_eq!(recs.len(), 2, "{recs:#?}");
+    for r in &recs {
         assert_eq!(r["workload"], "tpcc");
         assert_eq!(r["warehouses"], 2);
         assert_eq!(r["mix"], "full");
         assert_eq!(r["consistent"], true, "{r:#}");
         assert!(r["check"].as_str().unwrap().contains("conditions 1-4 hold"));
-        let types: Vec<&str> = r["per_type"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|t| t["type"].as_str().unwrap())
-            .collect();
+        let types = common::types(r);
         assert_eq!(
             types,
             [
@@ -183,32 +119,11 @@ fn tiny_tpcc_full_mix_reports_per_type_and_passes_the_check() {
 #[test]
 fn recover_replays_a_logged_tpcb_run() {
     let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("db");
-    let bench = Command::new(env!("CARGO_BIN_EXE_shoal"))
-        .args([
-            "bench", "tpcb", "--cc", "2pl", "--log", "async", "--scale", "1",
-        ])
-        .args(["--threads", "2", "--warmup", "0", "--duration", "1", "--db"])
-        .arg(&db)
-        .output()
-        .expect("run shoal bench");
-    assert!(
-        bench.status.success(),
-        "{}",
-        String::from_utf8_lossy(&bench.stderr)
+    shoal(
+        dir.path(),
+        "bench tpcb --cc 2pl --log async --scale 1 --threads 2 --warmup 0 --duration 1 --db db",
     );
-    let out = Command::new(env!("CARGO_BIN_EXE_shoal"))
-        .arg("recover")
-        .arg(&db)
-        .arg("--tables")
-        .output()
-        .expect("run shoal recover");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (stdout, _) = shoal(dir.path(), "recover db --tables");
     assert!(stdout.contains("log replayed:"), "{stdout}");
     assert!(stdout.contains("TPC-B check:"), "{stdout}");
     // Every committed transfer left one history row, and replay brought them all back.

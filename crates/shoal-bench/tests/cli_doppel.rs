@@ -1,50 +1,14 @@
 //! Runs the built `shoal` binary on tiny sweeps of the Doppel workloads (incr1, like, rubis)
 //! with `--cc doppel` and `--cc atomic`, and checks their JSON records.
 
-use std::path::Path;
-use std::process::Command;
+mod common;
 
-fn bench(dir: &Path, args: &[&str]) -> (String, Vec<serde_json::Value>) {
-    let mut all = vec!["bench"];
-    all.extend_from_slice(args);
-    all.extend_from_slice(&["--warmup", "0", "--json", "out.json", "--no-progress"]);
-    let out = Command::new(env!("CARGO_BIN_EXE_shoal"))
-        .current_dir(dir)
-        .args(&all)
-        .output()
-        .expect("run shoal");
-    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "shoal {all:?} failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
-    );
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("out.json")).unwrap()).unwrap();
-    (stdout, v.as_array().expect("a JSON array").clone())
-}
+use common::bench;
 
 #[test]
 fn incr1_runs_every_cc_including_doppel_and_atomic() {
     let dir = tempfile::tempdir().unwrap();
-    let (stdout, recs) = bench(
-        dir.path(),
-        &[
-            "incr1",
-            "--records",
-            "2000",
-            "--cc",
-            "2pl,occ,doppel,atomic",
-            "--hot-fraction",
-            "1",
-            "--threads",
-            "2",
-            "--phase-ms",
-            "5",
-            "--duration",
-            "0.5",
-        ],
-    );
+    let (stdout, recs) = bench(dir.path(), "incr1 --records 2000 --cc 2pl,occ,doppel,atomic --hot-fraction 1 --threads 2 --phase-ms 5 --duration 0.5");
     assert!(stdout.contains("stashed"), "{stdout}");
     let ccs: Vec<&str> = recs.iter().map(|r| r["cc"].as_str().unwrap()).collect();
     assert_eq!(ccs, ["2pl", "occ", "doppel", "atomic"]);
@@ -81,24 +45,7 @@ fn incr1_runs_every_cc_including_doppel_and_atomic() {
 #[test]
 fn like_and_rubis_run_under_doppel_and_skip_atomic() {
     let dir = tempfile::tempdir().unwrap();
-    let (stdout, recs) = bench(
-        dir.path(),
-        &[
-            "like",
-            "--records",
-            "1000",
-            "--cc",
-            "occ,doppel,atomic",
-            "--alpha",
-            "1.4",
-            "--write-fraction",
-            "0.5",
-            "--threads",
-            "2",
-            "--duration",
-            "0.3",
-        ],
-    );
+    let (stdout, recs) = bench(dir.path(), "like --records 1000 --cc occ,doppel,atomic --alpha 1.4 --write-fraction 0.5 --threads 2 --duration 0.3");
     assert!(
         stdout.contains("note: skipping") && stdout.contains("atomic"),
         "{stdout}"
@@ -107,29 +54,12 @@ fn like_and_rubis_run_under_doppel_and_skip_atomic() {
     for r in &recs {
         assert_eq!(r["consistent"], true, "{r:#}");
         assert_eq!(r["write_fraction"], 0.5);
-        let types: Vec<&str> = r["per_type"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|t| t["type"].as_str().unwrap())
-            .collect();
+        let types = common::types(r);
         assert_eq!(types, ["read", "write"]);
     }
     let (_, recs) = bench(
         dir.path(),
-        &[
-            "rubis",
-            "--records",
-            "3000",
-            "--cc",
-            "2pl,doppel",
-            "--variant",
-            "b,c",
-            "--threads",
-            "2",
-            "--duration",
-            "0.3",
-        ],
+        "rubis --records 3000 --cc 2pl,doppel --variant b,c --threads 2 --duration 0.3",
     );
     assert_eq!(recs.len(), 4);
     for r in &recs {

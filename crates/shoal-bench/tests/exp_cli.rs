@@ -1,27 +1,14 @@
 //! Runs the built `shoal` binary: `shoal exp` on a cheap experiment, and `shoal bench` with
 //! per-interval reporting.
 
-use std::process::Command;
+mod common;
 
-fn shoal(dir: &std::path::Path, args: &[&str]) -> (String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_shoal"))
-        .current_dir(dir)
-        .args(args)
-        .output()
-        .expect("run shoal");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(
-        out.status.success(),
-        "shoal {args:?} failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
-    );
-    (stdout, stderr)
-}
+use common::{records, shoal};
 
 #[test]
 fn exp_list_prints_the_registry() {
     let dir = tempfile::tempdir().unwrap();
-    let (stdout, _) = shoal(dir.path(), &["exp", "list"]);
+    let (stdout, _) = shoal(dir.path(), "exp list");
     for id in ["E1", "E2", "E3", "E4", "E5", "E6", "E7", "E8"] {
         assert!(
             stdout.lines().any(|l| l.starts_with(id)),
@@ -36,26 +23,13 @@ fn exp_quick_writes_csv_json_and_a_plot_line_per_series() {
     let dir = tempfile::tempdir().unwrap();
     shoal(
         dir.path(),
-        &[
-            "exp",
-            "E4",
-            "--quick",
-            "--out",
-            "res",
-            "--duration",
-            "0.1",
-            "--warmup",
-            "0",
-            "--no-progress",
-        ],
+        "exp E4 --quick --out res --duration 0.1 --warmup 0 --no-progress",
     );
     let res = dir.path().join("res");
-    let json: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(res.join("E4.json")).unwrap()).unwrap();
-    let recs = json.as_array().expect("a JSON array of records");
-    assert_eq!(recs.len(), 6 * 3, "{json:#}");
+    let recs = records(&res.join("E4.json"));
+    assert_eq!(recs.len(), 6 * 3, "{recs:#?}");
     let mut series: Vec<&str> = Vec::new();
-    for r in recs {
+    for r in &recs {
         assert_eq!(r["workload"], "tellers");
         assert_eq!(r["experiment"], "E4");
         assert_eq!(r["consistent"], true, "{r:#}");
@@ -99,28 +73,7 @@ fn exp_quick_writes_csv_json_and_a_plot_line_per_series() {
 #[test]
 fn report_interval_prints_lines_and_csv_writes_rows() {
     let dir = tempfile::tempdir().unwrap();
-    let (stdout, _) = shoal(
-        dir.path(),
-        &[
-            "bench",
-            "tellers",
-            "--cc",
-            "2pl",
-            "--threads",
-            "1,2",
-            "--warmup",
-            "0",
-            "--duration",
-            "1",
-            "--report-interval",
-            "0.2",
-            "--csv",
-            "iv.csv",
-            "--json",
-            "out.json",
-            "--no-progress",
-        ],
-    );
+    let (stdout, _) = shoal(dir.path(), "bench tellers --cc 2pl --threads 1,2 --warmup 0 --duration 1 --report-interval 0.2 --csv iv.csv --json out.json --no-progress");
     let lines: Vec<&str> = stdout
         .lines()
         .filter(|l| l.trim_start().starts_with("t="))
@@ -143,10 +96,7 @@ fn report_interval_prints_lines_and_csv_writes_rows() {
         rows[1..].iter().any(|r| r.starts_with("1,tellers,")),
         "{csv}"
     );
-    let json: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.path().join("out.json")).unwrap())
-            .unwrap();
-    for r in json.as_array().unwrap() {
+    for r in records(&dir.path().join("out.json")) {
         let iv = r["intervals"].as_array().expect("intervals in the record");
         assert!(iv.len() >= 3, "{r:#}");
         let sum: u64 = iv.iter().map(|i| i["commits"].as_u64().unwrap()).sum();

@@ -48,10 +48,7 @@ fn round(db: &Database, t: &Table, threads: u64) -> shoal::Result<f64> {
 
 fn main() -> shoal::Result<()> {
     let open = |admission| -> shoal::Result<(Database, Table)> {
-        let db = Database::in_memory_with(Options {
-            admission,
-            ..Options::default()
-        });
+        let db = Database::in_memory_with(Options::default().with_admission(admission));
         let t = db.create_table("t")?;
         Ok((db, t))
     };

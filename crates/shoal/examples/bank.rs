@@ -45,10 +45,8 @@ fn total(db: &Database, t: &Table) -> shoal::Result<i64> {
 }
 
 fn main() -> shoal::Result<()> {
-    let db = Database::in_memory_with(Options {
-        lock_timeout: Duration::from_millis(500),
-        ..Options::default()
-    });
+    let db =
+        Database::in_memory_with(Options::default().with_lock_timeout(Duration::from_millis(500)));
     let accounts = db.create_table("accounts")?;
 
     db.run(|tx| {

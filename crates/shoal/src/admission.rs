@@ -80,7 +80,7 @@
 //! use shoal::{Admission, Database, Options};
 //! // On by default (one running transaction per core); `Off` gives the old behaviour.
 //! assert_eq!(Options::default().admission, Admission::Auto);
-//! let db = Database::in_memory_with(Options { admission: Admission::Limit(1), ..Options::default() });
+//! let db = Database::in_memory_with(Options::default().with_admission(Admission::Limit(1)));
 //! let t = db.create_table("t")?;
 //! db.run(|tx| tx.put(&t, "k", "v"))?;
 //! let s = db.admission_stats().expect("admission is on");
@@ -180,7 +180,7 @@ pub const WATCHDOG_TICK: Duration = Duration::from_millis(1);
 ///
 /// ```
 /// use shoal::{Admission, Database, Options};
-/// let db = Database::in_memory_with(Options { admission: Admission::Off, ..Options::default() });
+/// let db = Database::in_memory_with(Options::default().with_admission(Admission::Off));
 /// assert!(db.admission_stats().is_none());
 /// let auto = Database::in_memory();
 /// let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -241,7 +241,7 @@ pub struct AdmissionStats {
     pub handovers: u64,
     /// Of those, kept slots the watchdog took from a thread that stayed away.
     pub reclaimed: u64,
-    /// Threads that waited [`ESCAPE`] for a slot and ran without one.
+    /// Threads that waited the escape time (1 s) for a slot and ran without one.
     pub escaped: u64,
 }
 

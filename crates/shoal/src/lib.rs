@@ -37,14 +37,21 @@
 
 #![warn(missing_docs)]
 
+// The public surface is the re-exports below and `doppel`. The engine's components are
+// public modules only so the integration tests, the `shoal` benchmark harness and the fuzz
+// targets can reach inside; they are hidden from the documentation and are not an API.
+#[doc(hidden)]
 pub mod admission;
 mod db;
 pub mod doppel;
 mod error;
 #[cfg(test)]
 mod fault_tests;
+#[doc(hidden)]
 pub mod lock;
+#[doc(hidden)]
 pub mod log;
+#[doc(hidden)]
 pub mod storage;
 mod txn;
 mod vfs;
@@ -55,6 +62,7 @@ pub use db::{
     ConcurrencyControl, Database, Elr, IntentLockKind, LockTableKind, LogMode, Options,
     RecoveryStats, Table,
 };
+pub use doppel::{DoppelOptions, DoppelStats, SplitOp, StashQueue};
 pub use error::{Error, Result};
-pub use lock::{DeadlockPolicy, KeyRangeModes, Victim, WaitStyle};
+pub use lock::{DeadlockPolicy, KeyRangeModes, LockMode, LockTableFootprint, Victim, WaitStyle};
 pub use txn::{CommitTicket, KeyRange, Transaction};

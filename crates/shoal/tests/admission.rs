@@ -16,12 +16,12 @@ fn until(f: impl Fn() -> bool) {
 }
 
 fn limited(n: usize, cc: ConcurrencyControl) -> Database {
-    Database::in_memory_with(Options {
-        admission: Admission::Limit(n),
-        cc,
-        lock_timeout: Duration::from_secs(60),
-        ..Options::default()
-    })
+    Database::in_memory_with(
+        Options::default()
+            .with_admission(Admission::Limit(n))
+            .with_cc(cc)
+            .with_lock_timeout(Duration::from_secs(60)),
+    )
 }
 
 #[test]
@@ -107,15 +107,13 @@ fn a_lock_waiter_gives_its_slot_to_the_holder_it_waits_for() {
     let dir = tempfile::tempdir().unwrap();
     let db = Database::open(
         dir.path(),
-        Options {
-            admission: Admission::Limit(1),
-            log: LogMode::Sync,
+        Options::default()
+            .with_admission(Admission::Limit(1))
+            .with_log(LogMode::Sync)
             // The pipelined commit below holds `y` until its flush is durable: long enough
             // for A to wait on it and for B to begin meanwhile.
-            log_latency: Duration::from_secs(1),
-            lock_timeout: Duration::from_secs(60),
-            ..Options::default()
-        },
+            .with_log_latency(Duration::from_secs(1))
+            .with_lock_timeout(Duration::from_secs(60)),
     )
     .unwrap();
     let t = db.create_table("t").unwrap();
@@ -167,10 +165,7 @@ fn a_lock_waiter_gives_its_slot_to_the_holder_it_waits_for() {
 
 #[test]
 fn admission_off_has_no_gate_and_default_is_auto() {
-    let off = Database::in_memory_with(Options {
-        admission: Admission::Off,
-        ..Options::default()
-    });
+    let off = Database::in_memory_with(Options::default().with_admission(Admission::Off));
     assert!(off.admission_stats().is_none());
     let t = off.create_table("t").unwrap();
     // Without a gate any number of transactions run at once.
@@ -250,12 +245,10 @@ fn lock_waiters_that_keep_their_slot_never_block_the_holder() {
             let dir = tempfile::tempdir().unwrap();
             let db = Database::open(
                 dir.path(),
-                Options {
-                    admission: Admission::Limit(slots),
-                    log,
-                    lock_timeout: Duration::from_secs(60),
-                    ..Options::default()
-                },
+                Options::default()
+                    .with_admission(Admission::Limit(slots))
+                    .with_log(log)
+                    .with_lock_timeout(Duration::from_secs(60)),
             )
             .unwrap();
             let t = db.create_table("t").unwrap();

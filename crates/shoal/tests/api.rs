@@ -9,14 +9,8 @@ use shoal::{ConcurrencyControl, Database, Error, Options};
 fn dbs() -> Vec<Database> {
     vec![
         Database::in_memory(),
-        Database::in_memory_with(Options {
-            cc: ConcurrencyControl::Serial,
-            ..Options::default()
-        }),
-        Database::in_memory_with(Options {
-            cc: ConcurrencyControl::Optimistic,
-            ..Options::default()
-        }),
+        Database::in_memory_with(Options::default().with_cc(ConcurrencyControl::Serial)),
+        Database::in_memory_with(Options::default().with_cc(ConcurrencyControl::Optimistic)),
     ]
 }
 
@@ -230,10 +224,7 @@ fn shoal_internal_len(db: &Database, name: &str) -> usize {
 
 #[test]
 fn a_deadlock_victim_is_doomed_and_releases_its_locks() {
-    let db = Database::in_memory_with(Options {
-        lock_timeout: Duration::from_secs(5),
-        ..Options::default()
-    });
+    let db = Database::in_memory_with(Options::default().with_lock_timeout(Duration::from_secs(5)));
     let t = db.create_table("t").expect("create");
     db.run(|tx| {
         tx.put(&t, b"a", b"0")?;
@@ -275,11 +266,11 @@ fn a_refused_table_lock_names_the_table() {
     use shoal::lock::LockMode;
     use shoal::IntentLockKind;
     for intent_locks in [IntentLockKind::Lightweight, IntentLockKind::LockTable] {
-        let db = Database::in_memory_with(Options {
-            lock_timeout: Duration::from_millis(5),
-            intent_locks,
-            ..Options::default()
-        });
+        let db = Database::in_memory_with(
+            Options::default()
+                .with_lock_timeout(Duration::from_millis(5))
+                .with_intent_locks(intent_locks),
+        );
         let t = db.create_table("accounts").expect("create");
         let mut a = db.begin();
         a.lock_table(&t, LockMode::X).expect("X");
@@ -308,11 +299,11 @@ fn a_refused_table_lock_names_the_table() {
 /// here), where a fresh transaction dies at once.
 #[test]
 fn wait_die_restart_keeps_its_age() {
-    let db = Database::in_memory_with(Options {
-        deadlock: shoal::lock::DeadlockPolicy::WaitDie,
-        lock_timeout: Duration::from_millis(100),
-        ..Options::default()
-    });
+    let db = Database::in_memory_with(
+        Options::default()
+            .with_deadlock(shoal::lock::DeadlockPolicy::WaitDie)
+            .with_lock_timeout(Duration::from_millis(100)),
+    );
     let t = db.create_table("t").unwrap();
     let first = db.begin();
     let age = first.age();

@@ -39,13 +39,11 @@ fn checkpoint_beside_a_lock_holder(
     commit: bool,
 ) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let opts = Options {
-        deadlock,
-        lock_table,
-        lock_timeout: Duration::from_secs(10),
-        log_segment_size: 4096,
-        ..Options::default()
-    };
+    let opts = Options::default()
+        .with_deadlock(deadlock)
+        .with_lock_table(lock_table)
+        .with_lock_timeout(Duration::from_secs(10))
+        .with_log_segment_size(4096);
     let what = format!("{deadlock:?} {lock_table:?} commit={commit}");
     let mut model = BTreeMap::new();
     let lsn = {
@@ -131,11 +129,9 @@ fn checkpoint_with_the_latch_free_table_does_not_wait_behind_a_lock_holder() {
 #[test]
 fn checkpoints_beside_a_stream_of_committers_lose_nothing() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let opts = Options {
-        deadlock: DeadlockPolicy::NoWait,
-        log_segment_size: 16 << 10,
-        ..Options::default()
-    };
+    let opts = Options::default()
+        .with_deadlock(DeadlockPolicy::NoWait)
+        .with_log_segment_size(16 << 10);
     let model = {
         let db = Database::open(dir.path(), opts.clone()).expect("open");
         let t = db.create_table("t").expect("create");
@@ -187,10 +183,7 @@ fn a_failed_background_checkpoint_is_reported() {
         let t = db.create_table("t").expect("create");
         db.run(|tx| tx.put(&t, "k", "v")).expect("put");
     }
-    let opts = Options {
-        checkpoint_interval: Some(Duration::from_millis(1)),
-        ..Options::default()
-    };
+    let opts = Options::default().with_checkpoint_interval(Some(Duration::from_millis(1)));
     let db = Database::open(dir.path(), opts).expect("open");
     // Nothing is logged from now on, so every checkpoint has the LSN where the log continues.
     // A directory where their temporary file goes makes them fail (as root too, unlike
@@ -289,18 +282,16 @@ fn checkpoint_records_are_bounded_in_bytes() {
 }
 
 fn doppel_opts(checkpoint_interval: Option<Duration>) -> Options {
-    Options {
-        cc: ConcurrencyControl::Doppel,
-        doppel: DoppelOptions {
+    Options::default()
+        .with_cc(ConcurrencyControl::Doppel)
+        .with_doppel(DoppelOptions {
             split_phase: Duration::from_millis(1),
             max_joined: Duration::from_millis(1),
             auto_classify: false,
             ..DoppelOptions::default()
-        },
-        log: shoal::LogMode::Async,
-        checkpoint_interval,
-        ..Options::default()
-    }
+        })
+        .with_log(shoal::LogMode::Async)
+        .with_checkpoint_interval(checkpoint_interval)
 }
 
 /// Opens and drops a database again and again while its background threads are busy; every
@@ -365,10 +356,8 @@ fn dropping_a_doppel_database_with_background_checkpoints_unlocks_its_directory_
 
 #[test]
 fn dropping_a_database_with_background_checkpoints_unlocks_its_directory_at_once() {
-    let opts = Options {
-        checkpoint_interval: Some(Duration::from_millis(1)),
-        log: shoal::LogMode::Async,
-        ..Options::default()
-    };
+    let opts = Options::default()
+        .with_checkpoint_interval(Some(Duration::from_millis(1)))
+        .with_log(shoal::LogMode::Async);
     reopen_right_after_drop(opts, 300);
 }

@@ -228,10 +228,7 @@ fn corrupt_payload_bit_in_first_commit_fails_open_instead_of_dropping_99_commits
 
 /// Options with 1 KiB log segments.
 fn small_segments() -> Options {
-    Options {
-        log_segment_size: 1024,
-        ..Options::default()
-    }
+    Options::default().with_log_segment_size(1024)
 }
 
 /// A database of 100 commits in 1 KiB segments (at least three), and its segments.
@@ -459,9 +456,8 @@ fn check_big_rows(db: &Database, rows: usize, len: usize) {
 
 #[test]
 fn checkpoint_of_large_rows_reopens_with_every_row_and_replaces_old_segments() {
-    checkpoint_round_trip(60, 200_000, 4, || Options {
-        log_segment_size: 1 << 20,
-        ..Options::default()
+    checkpoint_round_trip(60, 200_000, 4, || {
+        Options::default().with_log_segment_size(1 << 20)
     });
 }
 
@@ -486,10 +482,7 @@ fn second_database_cannot_share_a_log_dir_while_the_first_is_open_or_after_it_cl
         root.path().join("b"),
         root.path().join("log"),
     );
-    let with_log = || Options {
-        log_dir: Some(l.clone()),
-        ..Options::default()
-    };
+    let with_log = || Options::default().with_log_dir(Some(l.clone()));
     let db_a = Database::open(&a, with_log()).expect("open A");
     let t = db_a.create_table("t").expect("create");
     for i in 0..10 {
@@ -542,10 +535,7 @@ fn deleting_a_lock_file_does_not_let_a_second_open_succeed() {
     let root = tempfile::tempdir().expect("tempdir");
     let (d, l) = (root.path().join("db"), root.path().join("log"));
     for log_dir in [None, Some(l.clone())] {
-        let opts = || Options {
-            log_dir: log_dir.clone(),
-            ..Options::default()
-        };
+        let opts = || Options::default().with_log_dir(log_dir.clone());
         let db = Database::open(&d, opts()).expect("open");
         for dir in [&d, &l] {
             let lock = dir.join("LOCK");
@@ -602,11 +592,9 @@ fn value_of_exactly_max_value_len_commits_durably_and_one_more_byte_is_refused()
 #[test]
 fn options_whose_longest_write_exceeds_the_one_gib_log_record_limit_are_refused_at_open() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let opts = Options {
-        log_buffer: 4 << 30,
-        max_value_len: 1200 << 20,
-        ..Options::default()
-    };
+    let opts = Options::default()
+        .with_log_buffer(4 << 30)
+        .with_max_value_len(1200 << 20);
     match Database::open(dir.path(), opts) {
         Err(Error::InvalidOptions(msg)) => {
             assert!(msg.contains("max_value_len"), "{msg}");
@@ -631,16 +619,11 @@ fn oversized_transaction_is_refused_at_the_write(
 ) {
     let dir = tempfile::tempdir().expect("tempdir");
     let opts = || match log_buffer {
-        None => Options {
-            cc,
-            ..Options::default()
-        },
-        Some(b) => Options {
-            cc,
-            log_buffer: b,
-            max_value_len: b / 16,
-            ..Options::default()
-        },
+        None => Options::default().with_cc(cc),
+        Some(b) => Options::default()
+            .with_cc(cc)
+            .with_log_buffer(b)
+            .with_max_value_len(b / 16),
     };
     let buffer = opts().log_buffer;
     let db = Database::open(dir.path(), opts()).expect("open");
@@ -795,10 +778,7 @@ fn stray_garbage_segment_past_a_gap_in_the_log_is_refused_and_left_alone() {
 fn log_mode_none_on_a_durable_directory_recovers_its_rows_but_its_own_commits_are_not_durable() {
     let dir = tempfile::tempdir().expect("tempdir");
     commit_n(dir.path(), Options::default(), 10);
-    let none = || Options {
-        log: LogMode::None,
-        ..Options::default()
-    };
+    let none = || Options::default().with_log(LogMode::None);
     {
         let db = Database::open(dir.path(), none()).expect("open without a log");
         assert_eq!(

@@ -25,17 +25,7 @@ const KINDS: [LockTableKind; 3] = [
     LockTableKind::LatchFree,
 ];
 
-const ALL_POLICIES: [DeadlockPolicy; 9] = [
-    DeadlockPolicy::Timeout,
-    DeadlockPolicy::WaitForGraph,
-    DeadlockPolicy::NoWait,
-    DeadlockPolicy::WaitDie,
-    DeadlockPolicy::WoundWait,
-    DeadlockPolicy::Dreadlocks(WaitStyle::Spin),
-    DeadlockPolicy::Dreadlocks(WaitStyle::Sleep),
-    DeadlockPolicy::Dreadlocks(WaitStyle::SleepBackoff),
-    DeadlockPolicy::Dreadlocks(WaitStyle::Hybrid),
-];
+use common::DEADLOCK_POLICIES as ALL_POLICIES;
 
 const VICTIMS: [Victim; 3] = [Victim::KillYoung, Victim::KillShort, Victim::KillLong];
 
@@ -299,13 +289,11 @@ fn timeout_policy_waits_for_the_timeout_on_every_table() {
 }
 
 fn options(kind: LockTableKind, deadlock: DeadlockPolicy, victim: Victim) -> Options {
-    Options {
-        lock_table: kind,
-        deadlock,
-        victim,
-        lock_timeout: LONG,
-        ..Options::default()
-    }
+    Options::default()
+        .with_lock_table(kind)
+        .with_deadlock(deadlock)
+        .with_victim(victim)
+        .with_lock_timeout(LONG)
 }
 
 /// Every lock table × policy × victim combination either opens (and runs what it names, as

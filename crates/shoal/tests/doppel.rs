@@ -15,16 +15,14 @@ use shoal::doppel::{worker_id, DoppelOptions, OrderedTuple, Phase, SplitOp};
 use shoal::{ConcurrencyControl, Database, Error, Options, Table};
 
 fn doppel_opts(t_s_ms: u64) -> Options {
-    Options {
-        cc: ConcurrencyControl::Doppel,
-        lock_timeout: common::LOCK_TIMEOUT,
-        doppel: DoppelOptions {
+    Options::default()
+        .with_cc(ConcurrencyControl::Doppel)
+        .with_lock_timeout(common::LOCK_TIMEOUT)
+        .with_doppel(DoppelOptions {
             split_phase: Duration::from_millis(t_s_ms),
             auto_classify: false,
             ..DoppelOptions::default()
-        },
-        ..Options::default()
-    }
+        })
 }
 
 const K: u32 = 3;
@@ -376,16 +374,16 @@ fn many_threads_calling_begin_while_phases_change_do_not_deadlock() {
 
 #[test]
 fn classification_splits_a_contended_counter() {
-    let db = Database::in_memory_with(Options {
-        cc: ConcurrencyControl::Doppel,
-        doppel: DoppelOptions {
-            classify_interval: Duration::from_millis(20),
-            min_conflicts: 2,
-            sample_every: 1,
-            ..DoppelOptions::default()
-        },
-        ..Options::default()
-    });
+    let db = Database::in_memory_with(
+        Options::default()
+            .with_cc(ConcurrencyControl::Doppel)
+            .with_doppel(DoppelOptions {
+                classify_interval: Duration::from_millis(20),
+                min_conflicts: 2,
+                sample_every: 1,
+                ..DoppelOptions::default()
+            }),
+    );
     let t = db.create_table("t").unwrap();
     let deadline = Instant::now() + Duration::from_secs(3);
     let split = AtomicBool::new(false);
@@ -446,7 +444,7 @@ fn split_operations_survive_a_reopen() {
     };
     let want = model_of(&ops);
     for cc in [ConcurrencyControl::Doppel, ConcurrencyControl::Optimistic] {
-        let db = Database::open(dir.path(), Options { cc, ..opts.clone() }).unwrap();
+        let db = Database::open(dir.path(), opts.clone().with_cc(cc)).unwrap();
         let t = db.table("t").unwrap();
         assert_eq!(Model::read(&db, &t), want, "{cc:?}");
     }
@@ -459,10 +457,7 @@ fn split_operations_survive_a_reopen() {
 fn incr1_throughput_smoke() {
     for threads in [1, 2, 8] {
         for cc in [ConcurrencyControl::Optimistic, ConcurrencyControl::Doppel] {
-            let db = Database::in_memory_with(Options {
-                cc,
-                ..Options::default()
-            });
+            let db = Database::in_memory_with(Options::default().with_cc(cc));
             let t = db.create_table("t").unwrap();
             if cc == ConcurrencyControl::Doppel {
                 db.split_hint(&t, "hot", SplitOp::Add).unwrap();

@@ -76,10 +76,7 @@ fn committed_work_survives_reopen_and_aborted_work_does_not() {
 #[test]
 fn checkpoint_truncates_the_log_and_recovery_uses_it() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let small = Options {
-        log_segment_size: 4096,
-        ..opts()
-    };
+    let small = opts().with_log_segment_size(4096);
     {
         let db = Database::open(dir.path(), small.clone()).expect("open");
         let t = db.create_table("t").expect("create");
@@ -186,10 +183,7 @@ fn a_bit_flip_in_a_middle_record_is_reported_as_corruption() {
 #[test]
 fn async_commits_are_durable_after_flush() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let o = Options {
-        log: LogMode::Async,
-        ..opts()
-    };
+    let o = opts().with_log(LogMode::Async);
     {
         let db = Database::open(dir.path(), o.clone()).expect("open");
         let t = db.create_table("t").expect("create");
@@ -349,11 +343,9 @@ fn sigkill_soak() {
 /// returns must not take back what T2 saw. `sx-unsafe` shows the anomaly; `sx` prevents it.
 fn elr_anomaly(elr: shoal::Elr) -> (i64, i64) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let o = Options {
-        elr,
-        log_latency: Duration::from_millis(400),
-        ..opts()
-    };
+    let o = opts()
+        .with_elr(elr)
+        .with_log_latency(Duration::from_millis(400));
     let db = Database::open(dir.path(), o.clone()).expect("open");
     let t = db.create_table("t").expect("create");
     db.run(|tx| tx.put(&t, b"x", 1i64.to_le_bytes()))
@@ -400,10 +392,7 @@ fn safe_sx_elr_makes_the_reader_wait_for_durability() {
 #[test]
 fn pipelined_commit_reports_durability_only_after_the_flush() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let o = Options {
-        log_latency: Duration::from_millis(200),
-        ..opts()
-    };
+    let o = opts().with_log_latency(Duration::from_millis(200));
     let db = Database::open(dir.path(), o.clone()).expect("open");
     let t = db.create_table("t").expect("create");
     let mut tx = db.begin();

@@ -847,10 +847,8 @@ fn lock_heads_stay_bounded_over_fresh_ids() {
 // ---- engine runs with the latch-free table ----
 
 fn latchfree_options() -> Options {
-    Options {
-        lock_table: LockTableKind::LatchFree,
-        ..common::options(shoal::ConcurrencyControl::TwoPhaseLocking)
-    }
+    common::options(shoal::ConcurrencyControl::TwoPhaseLocking)
+        .with_lock_table(LockTableKind::LatchFree)
 }
 
 /// The bank invariant (tests/bank.rs) on the latch-free table: concurrent transfers never
@@ -981,10 +979,7 @@ fn dsg_run(
     let k = |epoch: u64, i: usize| format!("e{epoch:06}/k{i}");
     let what = format!("dsg {kind:?} epoch {epoch_len:?}");
     let seed = common::seed(&what);
-    let db = Database::in_memory_with(Options {
-        lock_table: kind,
-        ..latchfree_options()
-    });
+    let db = Database::in_memory_with(latchfree_options().with_lock_table(kind));
     let t = db.create_table("t").unwrap();
     if epoch_len.is_none() {
         db.run(|tx| {

@@ -1,5 +1,7 @@
 //! Concurrency stress tests of the simple lock table.
 
+mod common;
+
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Barrier};
 use std::thread;
@@ -22,16 +24,9 @@ const POLICIES: [DeadlockPolicy; 5] = [
 ];
 
 /// Policies that resolve deadlocks without waiting for a timeout.
-const RESOLVING: [DeadlockPolicy; 8] = [
-    DeadlockPolicy::WaitForGraph,
-    DeadlockPolicy::NoWait,
-    DeadlockPolicy::WaitDie,
-    DeadlockPolicy::WoundWait,
-    DeadlockPolicy::Dreadlocks(WaitStyle::Spin),
-    DeadlockPolicy::Dreadlocks(WaitStyle::Sleep),
-    DeadlockPolicy::Dreadlocks(WaitStyle::SleepBackoff),
-    DeadlockPolicy::Dreadlocks(WaitStyle::Hybrid),
-];
+fn resolving() -> &'static [DeadlockPolicy] {
+    &common::DEADLOCK_POLICIES[1..]
+}
 
 fn key(k: usize) -> LockId {
     LockId::Key(1, (k as u32).to_be_bytes().to_vec().into_boxed_slice())
@@ -164,7 +159,7 @@ fn stress_mixed_shared_exclusive() {
 #[test]
 fn stress_multi_key_deadlocks() {
     // Every policy resolves every deadlock without a timeout (a timeout panics the worker).
-    for policy in RESOLVING {
+    for &policy in resolving() {
         let victims = multi_key(policy, false);
         eprintln!("{policy:?}: multi-key, random order with upgrades: {victims} victims");
     }
@@ -207,7 +202,7 @@ fn stress_multi_key_ordered_has_no_false_deadlocks() {
 /// quickly; Dreadlocks kills exactly the younger one.
 #[test]
 fn two_cycle_is_broken_by_every_resolving_policy() {
-    for policy in RESOLVING {
+    for &policy in resolving() {
         for _ in 0..10 {
             let t = Arc::new(SimpleLockTable::new(policy));
             let barrier = Arc::new(Barrier::new(2));

@@ -233,10 +233,9 @@ fn range_scan_edges_under_coarser_key_range_modes() {
         shoal::KeyRangeModes::Lomet,
         shoal::KeyRangeModes::SharedExclusive,
     ] {
-        range_scan_edges(&shoal::Options {
-            key_range_modes: m,
-            ..common::options(shoal::ConcurrencyControl::TwoPhaseLocking)
-        });
+        range_scan_edges(
+            &common::options(shoal::ConcurrencyControl::TwoPhaseLocking).with_key_range_modes(m),
+        );
     }
 }
 

@@ -27,11 +27,7 @@ impl ShoalEngine {
             Durability::None => LogMode::None,
             Durability::Sync => LogMode::Sync,
         };
-        let opts = Options {
-            cc,
-            log,
-            ..Options::default()
-        };
+        let opts = Options::default().with_cc(cc).with_log(log);
         let db = Database::open(dir, opts)
             .with_context(|| format!("opening shoal in {}", dir.display()))?;
         Ok(ShoalEngine {

@@ -25,7 +25,7 @@ use crate::config::Log;
 use crate::dist::KeyDist;
 use crate::driver::{self, Adapter, Attempt, RunStats, WorkerLoop};
 use crate::engines::{Durability, EngineKind, KvEngine, KvSession, KvTx, TxError, TxResult};
-use crate::report::{self, Latency};
+use crate::report::{self, Aborts, Latency};
 use crate::workloads::WorkloadKind;
 
 /// The options of `shoal bench` that only the portable path reads.
@@ -160,14 +160,9 @@ pub struct PortableRecord {
     pub measured_s: f64,
     /// Commits in the window.
     pub committed: u64,
-    /// Aborts (each retried) in the window.
-    pub aborted: u64,
-    /// Aborts by deadlock.
-    pub aborted_deadlock: u64,
-    /// Aborts by lock timeout (SQLite: busy).
-    pub aborted_lock_timeout: u64,
-    /// Aborts by conflict.
-    pub aborted_conflict: u64,
+    /// Aborts in the window, by reason.
+    #[serde(flatten)]
+    pub aborts: Aborts,
     /// Commits per second in the window.
     pub throughput: f64,
     /// Throughput divided by shoal-2pl's on the same options, if shoal-2pl ran.
@@ -431,10 +426,7 @@ fn run_group<W: PortableWorkload>(
             warmup_s: p.warmup.as_secs_f64(),
             measured_s: (secs * 1000.0).round() / 1000.0,
             committed: m.committed,
-            aborted: m.aborted(),
-            aborted_deadlock: m.aborts[0],
-            aborted_lock_timeout: m.aborts[1],
-            aborted_conflict: m.aborts[2],
+            aborts: Aborts::of(m.aborts),
             throughput: (m.throughput() * 10.0).round() / 10.0,
             vs_shoal_2pl: None,
             latency_us: Latency::from_ns(&m.latency_ns),
@@ -612,10 +604,10 @@ pub fn render_table(p: &PortableParams, records: &[PortableRecord]) -> String {
             format!("{:.0}", r.throughput),
             r.vs_shoal_2pl.map_or("-".into(), |v| format!("{v:.2}")),
             r.committed.to_string(),
-            r.aborted.to_string(),
+            r.aborts.aborted.to_string(),
             format!(
                 "{}/{}/{}",
-                r.aborted_deadlock, r.aborted_lock_timeout, r.aborted_conflict
+                r.aborts.aborted_deadlock, r.aborts.aborted_lock_timeout, r.aborts.aborted_conflict
             ),
             format!("{:.1}", r.latency_us.p50),
             format!("{:.1}", r.latency_us.p99),

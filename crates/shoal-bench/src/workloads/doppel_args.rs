@@ -93,7 +93,7 @@ fn parse_fraction(s: &str) -> Result<f64, String> {
 
 /// Parses `--hot-move-every`: a duration of at least 1 ms, kept as given for display.
 pub fn parse_hot_move(s: &str) -> Result<String, String> {
-    let d = crate::engine_opts::parse_duration(s)?;
+    let d = crate::config::engine::parse_duration(s)?;
     if d < std::time::Duration::from_millis(1) {
         return Err(format!("{s:?}: the hot key moves at most every 1ms"));
     }

@@ -159,10 +159,6 @@ impl Incr {
 impl Workload for Incr {
     type Worker = IncrWorker;
 
-    fn rows(cfg: &RunConfig) -> u64 {
-        cfg.records
-    }
-
     fn load(
         db: &Database,
         cfg: &RunConfig,
@@ -200,7 +196,7 @@ impl Workload for Incr {
     fn worker(&self, cfg: &RunConfig, run: u16, _thread: u16, seed: u64) -> IncrWorker {
         let every = (cfg.point.get("hot-move-every").is_some() && self.hot_key)
             .then(|| text(cfg, "hot-move-every", ""))
-            .and_then(|s| crate::engine_opts::parse_duration(s).ok())
+            .and_then(|s| crate::config::engine::parse_duration(s).ok())
             .filter(|d| !d.is_zero());
         let moving = every.map(|every| {
             // The harness makes every worker of a run before it starts any; the first one
@@ -354,7 +350,7 @@ impl Workload for Incr {
 mod tests {
     use super::*;
     use crate::sweep::Value;
-    use crate::workloads::testutil::{await_split, config_cc as config, open, run_txns};
+    use crate::workloads::testutil::{config_cc as config, open, run_split};
 
     #[test]
     fn incr1_draws_the_hot_counter_at_its_fraction_and_the_others_uniformly() {
@@ -379,15 +375,12 @@ mod tests {
         let cfg = config(cc, &x);
         let db = open(&cfg);
         let w = Incr::load(&db, &cfg, 2, &ProgressBar::hidden()).unwrap();
-        if cc == "doppel" {
-            // Split the hottest counter from the start (the classification needs longer).
+        // Split the hottest counter from the start (the classification needs longer).
+        let (ledger, stats) = run_split(&w, &db, &cfg, 300, |w| {
             db.split_hint(&w.table, b"k000000000000000", shoal::doppel::SplitOp::Add)
                 .unwrap();
-            await_split(&db);
-        }
-        let ledger = run_txns(&w, &db, &cfg, 300);
-        if cc == "doppel" {
-            let s = db.doppel_stats().unwrap();
+        });
+        if let Some(s) = stats {
             assert!(s.split_phases > 0 && s.max_split_keys >= 1, "{s:?}");
         }
         let msg = w

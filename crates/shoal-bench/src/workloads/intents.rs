@@ -140,6 +140,7 @@ impl Workload for Intents {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::engine::Setting;
     use crate::workloads::testutil::{config, run_txns};
 
     #[test]
@@ -148,9 +149,9 @@ mod tests {
             let cfg = config(
                 "intents",
                 &[
-                    ("intent-locks", Value::from(il)),
+                    ("intent-locks", Setting::value("intent-locks", il)),
                     ("absolute-locks", Value::Int(100_000)),
-                    ("lock-timeout", Value::from("20ms")),
+                    ("lock-timeout", Setting::value("lock-timeout", "20ms")),
                 ],
             );
             let db = Database::in_memory_with(cfg.options.clone());

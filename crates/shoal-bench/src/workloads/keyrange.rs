@@ -71,10 +71,6 @@ impl KeyRange {
 impl Workload for KeyRange {
     type Worker = KeyRangeWorker;
 
-    fn rows(cfg: &RunConfig) -> u64 {
-        cfg.records
-    }
-
     fn load(
         db: &Database,
         cfg: &RunConfig,

@@ -148,8 +148,10 @@ pub trait Workload: Sync + Sized {
     /// Per-thread state: random generator, current inputs, sequence numbers.
     type Worker: Send;
 
-    /// Rows [`load`](Self::load) inserts for `cfg` (for the progress bar).
-    fn rows(cfg: &RunConfig) -> u64;
+    /// Rows [`load`](Self::load) inserts for `cfg` (for the progress bar). Default: `--records`.
+    fn rows(cfg: &RunConfig) -> u64 {
+        cfg.records
+    }
 
     /// Creates the workload's tables in the empty database `db` and loads them for `cfg`
     /// (its database-changing options), using up to `load_threads` threads. Advances
@@ -254,14 +256,26 @@ pub(crate) mod testutil {
         Database::in_memory_with(o)
     }
 
-    /// Waits (up to 2 s) until Doppel has entered a split phase with the hinted keys.
-    pub fn await_split(db: &Database) {
-        let t0 = std::time::Instant::now();
-        while db.doppel_stats().is_some_and(|s| s.split_phases == 0)
-            && t0.elapsed() < std::time::Duration::from_secs(2)
-        {
-            std::thread::sleep(std::time::Duration::from_millis(1));
+    /// [`run_txns`] under Doppel's split phases: on a Doppel database, `hint` first names the
+    /// keys to split and the run starts once (within 2 s) a split phase has begun; returns the
+    /// ledger and, on a Doppel database, the runtime's counters afterwards.
+    pub fn run_split<W: Workload>(
+        w: &W,
+        db: &Database,
+        cfg: &RunConfig,
+        n: u64,
+        hint: impl FnOnce(&W),
+    ) -> (Ledger, Option<shoal::DoppelStats>) {
+        if db.doppel_stats().is_some() {
+            hint(w);
+            let t0 = std::time::Instant::now();
+            while db.doppel_stats().is_some_and(|s| s.split_phases == 0)
+                && t0.elapsed() < std::time::Duration::from_secs(2)
+            {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
         }
+        (run_txns(w, db, cfg, n), db.doppel_stats())
     }
 
     /// Runs `n` transactions on each of two threads, retrying retryable aborts; returns the

@@ -561,7 +561,7 @@ impl Workload for Rubis {
 mod tests {
     use super::*;
     use crate::sweep::Value;
-    use crate::workloads::testutil::{await_split, config_cc, open, run_txns};
+    use crate::workloads::testutil::{config_cc, open, run_split};
 
     #[test]
     fn mixes_add_up() {
@@ -588,7 +588,7 @@ mod tests {
                 );
                 let db = open(&cfg);
                 let w = Rubis::load(&db, &cfg, 2, &ProgressBar::hidden()).unwrap();
-                if cc == "doppel" {
+                let (ledger, stats) = run_split(&w, &db, &cfg, 250, |w| {
                     use shoal::doppel::SplitOp;
                     let hot = k16(b'i', 0);
                     db.split_hint(&w.t.maxbid, hot, SplitOp::Max).unwrap();
@@ -596,11 +596,8 @@ mod tests {
                     db.split_hint(&w.t.maxbidder, hot, SplitOp::Oput).unwrap();
                     db.split_hint(&w.t.bidhist, hot, SplitOp::TopK(BID_K))
                         .unwrap();
-                    await_split(&db);
-                }
-                let ledger = run_txns(&w, &db, &cfg, 250);
-                if cc == "doppel" {
-                    let s = db.doppel_stats().unwrap();
+                });
+                if let Some(s) = stats {
                     assert!(s.split_phases > 0 && s.max_split_keys >= 4, "{s:?}");
                 }
                 let msg = w

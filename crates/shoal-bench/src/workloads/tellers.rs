@@ -46,10 +46,6 @@ fn key(id: u64) -> [u8; 8] {
 impl Workload for Tellers {
     type Worker = TellersWorker;
 
-    fn rows(cfg: &RunConfig) -> u64 {
-        cfg.records
-    }
-
     fn load(
         db: &Database,
         cfg: &RunConfig,

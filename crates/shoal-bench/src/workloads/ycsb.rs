@@ -250,10 +250,6 @@ impl Ycsb {
 impl Workload for Ycsb {
     type Worker = YcsbWorker;
 
-    fn rows(cfg: &RunConfig) -> u64 {
-        cfg.records
-    }
-
     fn load(
         db: &Database,
         cfg: &RunConfig,

@@ -414,10 +414,7 @@ impl Database {
     /// # fn main() -> shoal::Result<()> {
     /// use std::time::Duration;
     /// let dir = tempfile::tempdir().unwrap();
-    /// let opts = shoal::Options {
-    ///     checkpoint_interval: Some(Duration::from_millis(1)),
-    ///     ..Default::default()
-    /// };
+    /// let opts = shoal::Options::default().with_checkpoint_interval(Some(Duration::from_millis(1)));
     /// let db = shoal::Database::open(dir.path(), opts)?;
     /// while db.checkpoint_status().background_runs == 0 {
     ///     std::thread::sleep(Duration::from_millis(1));

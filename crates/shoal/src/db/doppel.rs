@@ -29,7 +29,7 @@ impl Database {
     /// # fn main() -> shoal::Result<()> {
     /// use shoal::{ConcurrencyControl, Database, Options};
     /// use shoal::doppel::SplitOp;
-    /// let db = Database::in_memory_with(Options { cc: ConcurrencyControl::Doppel, ..Options::default() });
+    /// let db = Database::in_memory_with(Options::default().with_cc(ConcurrencyControl::Doppel));
     /// let t = db.create_table("items")?;
     /// db.split_hint(&t, "max_bid", SplitOp::Max)?;
     /// db.run(|tx| tx.max(&t, "max_bid", 30))?;
@@ -49,7 +49,7 @@ impl Database {
     /// # fn main() -> shoal::Result<()> {
     /// use shoal::{ConcurrencyControl, Database, Options};
     /// use shoal::doppel::SplitOp;
-    /// let db = Database::in_memory_with(Options { cc: ConcurrencyControl::Doppel, ..Options::default() });
+    /// let db = Database::in_memory_with(Options::default().with_cc(ConcurrencyControl::Doppel));
     /// let t = db.create_table("t")?;
     /// db.split_hint(&t, "k", SplitOp::Add)?;
     /// db.clear_split_hint(&t, "k")?;
@@ -83,7 +83,7 @@ impl Database {
     ///
     /// ```
     /// use shoal::{ConcurrencyControl, Database, Options};
-    /// let db = Database::in_memory_with(Options { cc: ConcurrencyControl::Doppel, ..Options::default() });
+    /// let db = Database::in_memory_with(Options::default().with_cc(ConcurrencyControl::Doppel));
     /// assert_eq!(db.doppel_stats().map(|s| s.stashed), Some(0));
     /// assert!(Database::in_memory().doppel_stats().is_none());
     /// ```
@@ -97,7 +97,7 @@ impl Database {
     /// ```
     /// # fn main() -> shoal::Result<()> {
     /// use shoal::{ConcurrencyControl, Database, Options};
-    /// let db = Database::in_memory_with(Options { cc: ConcurrencyControl::Doppel, ..Options::default() });
+    /// let db = Database::in_memory_with(Options::default().with_cc(ConcurrencyControl::Doppel));
     /// assert!(db.split_keys().is_empty());
     /// # Ok(())
     /// # }

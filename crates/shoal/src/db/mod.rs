@@ -214,7 +214,7 @@ impl Database {
     ///
     /// ```
     /// use shoal::{Database, DeadlockPolicy, Error, Options, Victim};
-    /// let o = Options { deadlock: DeadlockPolicy::NoWait, victim: Victim::KillShort, ..Options::default() };
+    /// let o = Options::default().with_deadlock(DeadlockPolicy::NoWait).with_victim(Victim::KillShort);
     /// assert!(matches!(Database::try_in_memory_with(o), Err(Error::InvalidOptions(_))));
     /// ```
     pub fn try_in_memory_with(opts: Options) -> Result<Database> {
@@ -424,7 +424,7 @@ impl Database {
     /// ```
     /// # fn main() -> shoal::Result<()> {
     /// let dir = tempfile::tempdir().unwrap();
-    /// let opts = shoal::Options { log: shoal::LogMode::Async, ..Default::default() };
+    /// let opts = shoal::Options::default().with_log(shoal::LogMode::Async);
     /// let db = shoal::Database::open(dir.path(), opts)?;
     /// let t = db.create_table("t")?;
     /// db.run(|tx| tx.put(&t, "k", "v"))?;
@@ -513,7 +513,7 @@ impl Database {
     ///
     /// ```
     /// use shoal::{Admission, Database, Options};
-    /// let db = Database::in_memory_with(Options { admission: Admission::Limit(2), ..Options::default() });
+    /// let db = Database::in_memory_with(Options::default().with_admission(Admission::Limit(2)));
     /// let t = db.create_table("t")?;
     /// let mut tx = db.begin();
     /// tx.put(&t, "k", "v")?;

@@ -4,6 +4,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::lock::{DeadlockPolicy, Victim};
+#[cfg(doc)]
+use crate::{Database, Error};
 
 /// Which concurrency control transactions use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -23,10 +25,7 @@ pub enum ConcurrencyControl {
     /// ```
     /// # fn main() -> shoal::Result<()> {
     /// use shoal::{ConcurrencyControl, Database, Error, Options};
-    /// let db = Database::in_memory_with(Options {
-    ///     cc: ConcurrencyControl::Optimistic,
-    ///     ..Options::default()
-    /// });
+    /// let db = Database::in_memory_with(Options::default().with_cc(ConcurrencyControl::Optimistic));
     /// let t = db.create_table("t")?;
     /// let mut t1 = db.begin();
     /// assert_eq!(t1.get(&t, "x")?, None); // T1 reads x (absent)
@@ -47,7 +46,7 @@ pub enum ConcurrencyControl {
     /// # fn main() -> shoal::Result<()> {
     /// use shoal::{ConcurrencyControl, Database, Options};
     /// use shoal::doppel::SplitOp;
-    /// let db = Database::in_memory_with(Options { cc: ConcurrencyControl::Doppel, ..Options::default() });
+    /// let db = Database::in_memory_with(Options::default().with_cc(ConcurrencyControl::Doppel));
     /// let t = db.create_table("t")?;
     /// db.split_hint(&t, "hits", SplitOp::Add)?; // split "hits" for ADD from now on
     /// for _ in 0..10 {
@@ -94,7 +93,8 @@ pub enum LockTableKind {
     /// One latch over the whole lock table: the traditional design Jung et al. 2013 measure
     /// against (their Fig. 3, left). For experiments.
     Latched,
-    /// The latch-free lock table of Jung et al. 2013 ([`LatchFreeLockTable`]).
+    /// The latch-free lock table of Jung et al. 2013: no latch on the acquire and release
+    /// paths, lock entries pre-allocated and reclaimed in bulk.
     LatchFree,
 }
 
@@ -129,17 +129,37 @@ pub enum Elr {
 
 /// Settings of a [`Database`].
 ///
+/// Start from [`Options::default()`] and change what you need with the `with_*` methods,
+/// which take and return the options by value so they chain; then hand the options to
+/// [`Database::open`] or [`Database::in_memory_with`]. The fields stay public for reading
+/// (`db.options().lock_timeout`) and for assignment on a `let mut`; the struct is
+/// `#[non_exhaustive]`, so new options can be added without breaking callers, which is why
+/// it cannot be built with a struct literal outside this crate.
+///
 /// ```
-/// use shoal::{Database, Options, ConcurrencyControl};
+/// use shoal::{ConcurrencyControl, Database, DeadlockPolicy, LockTableKind, Options};
 /// use std::time::Duration;
-/// let db = Database::in_memory_with(Options {
-///     cc: ConcurrencyControl::TwoPhaseLocking,
-///     lock_timeout: Duration::from_millis(500),
-///     ..Options::default()
-/// });
+/// let opts = Options::default()
+///     .with_cc(ConcurrencyControl::TwoPhaseLocking)
+///     .with_lock_table(LockTableKind::LatchFree)
+///     .with_deadlock(DeadlockPolicy::WaitDie)
+///     .with_lock_timeout(Duration::from_millis(500));
+/// let db = Database::in_memory_with(opts);
 /// assert_eq!(db.options().lock_timeout, Duration::from_millis(500));
 /// ```
+///
+/// The setters do not check how options combine: [`Database::open`] and
+/// [`Database::try_in_memory_with`] do, and refuse a combination that would not run the
+/// technique it names (a victim rule with a deadlock policy that chooses its own victim, or
+/// limits the log cannot hold) with [`Error::InvalidOptions`](crate::Error::InvalidOptions):
+///
+/// ```
+/// use shoal::{Database, DeadlockPolicy, Error, Options, Victim};
+/// let opts = Options::default().with_deadlock(DeadlockPolicy::NoWait).with_victim(Victim::KillShort);
+/// assert!(matches!(Database::try_in_memory_with(opts), Err(Error::InvalidOptions(_))));
+/// ```
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct Options {
     /// Concurrency control. Default: two-phase locking.
     pub cc: ConcurrencyControl,
@@ -191,7 +211,7 @@ pub struct Options {
     pub doppel: crate::doppel::DoppelOptions,
     /// Load control: how many transactions run at once; more wait in `begin` (the wait
     /// counts in their latency), and a transaction waiting for a lock or the log does not
-    /// count. Default: [`Admission::Auto`], one per core. See [`crate::admission`].
+    /// count. Default: [`Admission::Auto`], one per core. See [`Admission`](crate::Admission).
     ///
     /// [`Admission::Auto`]: crate::Admission::Auto
     pub admission: crate::Admission,
@@ -222,4 +242,43 @@ impl Default for Options {
             admission: crate::Admission::default(),
         }
     }
+}
+
+/// Generates the chaining setter `with_<field>` of each listed field.
+macro_rules! setters {
+    ($($setter:ident => $field:ident: $ty:ty),* $(,)?) => {
+        impl Options {
+            $(
+                #[doc = concat!("Sets [`", stringify!($field), "`](Self::", stringify!($field), ").")]
+                #[must_use]
+                pub fn $setter(mut self, $field: $ty) -> Options {
+                    self.$field = $field;
+                    self
+                }
+            )*
+        }
+    };
+}
+
+setters! {
+    with_cc => cc: ConcurrencyControl,
+    with_lock_table => lock_table: LockTableKind,
+    with_intent_locks => intent_locks: IntentLockKind,
+    with_key_range_modes => key_range_modes: crate::lock::KeyRangeModes,
+    with_deadlock => deadlock: DeadlockPolicy,
+    with_victim => victim: Victim,
+    with_lock_timeout => lock_timeout: Duration,
+    with_max_key_len => max_key_len: usize,
+    with_max_value_len => max_value_len: usize,
+    with_log => log: LogMode,
+    with_elr => elr: Elr,
+    with_log_latency => log_latency: Duration,
+    with_log_dir => log_dir: Option<PathBuf>,
+    with_log_buffer => log_buffer: usize,
+    with_log_segment_size => log_segment_size: u64,
+    with_async_flush_delay => async_flush_delay: Duration,
+    with_checkpoint_interval => checkpoint_interval: Option<Duration>,
+    with_max_retries => max_retries: u32,
+    with_doppel => doppel: crate::doppel::DoppelOptions,
+    with_admission => admission: crate::Admission,
 }

@@ -56,7 +56,7 @@
 //! [`Database::clear_split_hint`].
 //!
 //! **Logging.** A split-phase commit logs its joined after-images and its split operations
-//! (as operations, [`crate::log::record::LogRecord::Ops`]) in one record,
+//! (as operations, a `LogRecord::Ops`) in one record,
 //! before it applies them to its slice; the end of a split phase logs the reconciled values
 //! as after-images. Recovery replays in log order: within a split phase only split operations
 //! touch a split record, and they commute, so replaying them on the last after-image gives
@@ -110,11 +110,11 @@ use crate::lock::TableId;
 /// use shoal::{ConcurrencyControl, Database, Options};
 /// use shoal::doppel::DoppelOptions;
 /// use std::time::Duration;
-/// let db = Database::in_memory_with(Options {
-///     cc: ConcurrencyControl::Doppel,
-///     doppel: DoppelOptions { split_phase: Duration::from_millis(5), ..DoppelOptions::default() },
-///     ..Options::default()
-/// });
+/// let db = Database::in_memory_with(
+///     Options::default()
+///         .with_cc(ConcurrencyControl::Doppel)
+///         .with_doppel(DoppelOptions { split_phase: Duration::from_millis(5), ..DoppelOptions::default() }),
+/// );
 /// assert_eq!(db.options().doppel.classify_interval, Duration::from_millis(200));
 /// ```
 #[derive(Clone, Debug)]
@@ -195,7 +195,7 @@ pub enum Phase {
 /// ```
 /// # fn main() -> shoal::Result<()> {
 /// use shoal::{ConcurrencyControl, Database, Options};
-/// let db = Database::in_memory_with(Options { cc: ConcurrencyControl::Doppel, ..Options::default() });
+/// let db = Database::in_memory_with(Options::default().with_cc(ConcurrencyControl::Doppel));
 /// let s = db.doppel_stats().expect("a Doppel database");
 /// assert_eq!(s.split_keys, 0);
 /// # Ok(())

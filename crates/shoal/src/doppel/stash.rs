@@ -26,7 +26,7 @@ use super::{epoch_of, Doppel, CHANGING, SPLIT, STASHED};
 /// ```
 /// use shoal::{ConcurrencyControl, Database, Error, Options};
 /// use shoal::doppel::{SplitOp, StashQueue};
-/// let db = Database::in_memory_with(Options { cc: ConcurrencyControl::Doppel, ..Options::default() });
+/// let db = Database::in_memory_with(Options::default().with_cc(ConcurrencyControl::Doppel));
 /// let t = db.create_table("likes")?;
 /// db.split_hint(&t, b"hot", SplitOp::Add)?;
 /// let mut queue: StashQueue<u64> = StashQueue::new(&db);

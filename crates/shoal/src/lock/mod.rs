@@ -64,26 +64,26 @@ pub enum LockFailure {
 /// Deadlock handling of the lock table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum DeadlockPolicy {
-    /// Wait up to the timeout, then fail with [`LockFailure::Timeout`].
+    /// Wait up to the timeout, then fail with [`Error::LockTimeout`](crate::Error::LockTimeout).
     Timeout,
     /// On blocking, search the waits-for graph for a cycle through the requester; if one is
-    /// found the requester fails at once with [`LockFailure::Deadlock`]. Waits still time out.
+    /// found the requester fails at once with [`Error::Deadlock`](crate::Error::Deadlock). Waits still time out.
     #[default]
     WaitForGraph,
     /// Never wait: a request that cannot be granted at once fails with
-    /// [`LockFailure::Deadlock`] (prevention; no deadlock can form).
+    /// [`Error::Deadlock`](crate::Error::Deadlock) (prevention; no deadlock can form).
     NoWait,
     /// Wait-die (prevention): an older requester waits for younger holders; a younger one
-    /// dies (fails with [`LockFailure::Deadlock`]) rather than wait for an older one.
+    /// dies (fails with [`Error::Deadlock`](crate::Error::Deadlock)) rather than wait for an older one.
     WaitDie,
     /// Wound-wait (prevention): an older requester wounds the younger transactions it waits
-    /// for (a wounded transaction fails with [`LockFailure::Deadlock`] the next time it waits
+    /// for (a wounded transaction fails with [`Error::Deadlock`](crate::Error::Deadlock) the next time it waits
     /// on a lock); a younger requester waits for older ones.
     WoundWait,
     /// Dreadlocks (Koskinen and Herlihy; Kimura et al. 2012 §4.2, Algorithm 5): each waiting
     /// thread repeatedly ORs the Bloom-filter digests of the transactions it waits for into its
     /// own; finding its own fingerprint in a blocker's digest means a cycle, and the younger
-    /// of the two (kill-young) fails with [`LockFailure::Deadlock`].
+    /// of the two (kill-young) fails with [`Error::Deadlock`](crate::Error::Deadlock).
     Dreadlocks(WaitStyle),
 }
 
@@ -110,7 +110,7 @@ pub enum Victim {
 /// are serializable: a mapped mode is never weaker than the requested one.
 ///
 /// ```
-/// let o = shoal::Options { key_range_modes: shoal::KeyRangeModes::Lomet, ..Default::default() };
+/// let o = shoal::Options::default().with_key_range_modes(shoal::KeyRangeModes::Lomet);
 /// let db = shoal::Database::in_memory_with(o);
 /// let t = db.create_table("t")?;
 /// db.run(|tx| tx.put(&t, "k", "v"))?;
@@ -212,7 +212,8 @@ pub trait LockTable: Send + Sync {
     }
 }
 
-/// The memory a lock table holds, counted in its units (see [`LockTable::footprint`]).
+/// The memory a lock table holds, counted in its units
+/// ([`Database::lock_table_footprint`](crate::Database::lock_table_footprint)).
 ///
 /// ```
 /// let db = shoal::Database::in_memory();

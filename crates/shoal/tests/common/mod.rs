@@ -12,19 +12,31 @@ use std::collections::BTreeMap;
 use std::ops::{Bound, RangeBounds};
 use std::time::Duration;
 
-use shoal::{ConcurrencyControl, Database, Options};
+use shoal::{ConcurrencyControl, Database, DeadlockPolicy, Options, WaitStyle};
 
 /// The lock wait used by the tests: short, so that a test that wedges fails fast, long enough
 /// that a loaded 2-core CI machine does not time out ordinary waits all the time.
 pub const LOCK_TIMEOUT: Duration = Duration::from_millis(300);
 
+/// Every deadlock policy, the timeout-only one first (the others resolve deadlocks without
+/// waiting for the timeout).
+pub const DEADLOCK_POLICIES: [DeadlockPolicy; 9] = [
+    DeadlockPolicy::Timeout,
+    DeadlockPolicy::WaitForGraph,
+    DeadlockPolicy::NoWait,
+    DeadlockPolicy::WaitDie,
+    DeadlockPolicy::WoundWait,
+    DeadlockPolicy::Dreadlocks(WaitStyle::Spin),
+    DeadlockPolicy::Dreadlocks(WaitStyle::Sleep),
+    DeadlockPolicy::Dreadlocks(WaitStyle::SleepBackoff),
+    DeadlockPolicy::Dreadlocks(WaitStyle::Hybrid),
+];
+
 /// Options for one concurrency-control mode, with the tests' short lock timeout.
 pub fn options(cc: ConcurrencyControl) -> Options {
-    Options {
-        cc,
-        lock_timeout: LOCK_TIMEOUT,
-        ..Options::default()
-    }
+    Options::default()
+        .with_cc(cc)
+        .with_lock_timeout(LOCK_TIMEOUT)
 }
 
 /// Every serializable concurrency-control mode the correctness tests run against. Later

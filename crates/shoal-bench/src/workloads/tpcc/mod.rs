@@ -961,10 +961,7 @@ mod tests {
     }
 
     fn tiny_with(w: u32, cc: shoal::ConcurrencyControl) -> (Database, Tpcc) {
-        let db = Database::in_memory_with(shoal::Options {
-            cc,
-            ..shoal::Options::default()
-        });
+        let db = Database::in_memory_with(shoal::Options::default().with_cc(cc));
         let t = Tpcc::load(&db, Scale::tiny(w), 2, &ProgressBar::hidden()).unwrap();
         (db, t)
     }

@@ -57,7 +57,7 @@ pub const SLOTS: usize = 512;
 pub const WAIT_REGISTRY: usize = 1024;
 /// Entries allocated at once when a slot's free list is empty (bulk pre-allocation).
 pub const ALLOC_BATCH: usize = 32;
-/// Retired entries a slot defers (see [`Gate`]) before it tries to reclaim them.
+/// Retired entries a slot defers (see `Gate`) before it tries to reclaim them.
 pub const RETIRE_BATCH: usize = 64;
 /// Free entries (and, separately, free lock heads) a slot keeps for reuse; beyond that
 /// reclaimed ones are deallocated. Sized for the burst a slot reclaims at once after a

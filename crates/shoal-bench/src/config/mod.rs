@@ -1,8 +1,10 @@
 //! The configuration of `shoal bench` runs: the command-line names of concurrency control and
 //! commit logging ([`Cc`], [`Log`]), the settings of a whole sweep ([`Params`]) and one run's
-//! typed options ([`RunConfig`]). Kept apart from the harness that runs them, so that the
-//! workloads, which read a `RunConfig`, and the harness, which runs the workloads, do not
-//! import each other.
+//! typed options ([`RunConfig`]), with the engine options it sweeps in [`engine`]. Kept apart
+//! from the harness that runs them, so that the workloads, which read a `RunConfig`, and the
+//! harness, which runs the workloads, do not import each other.
+
+pub mod engine;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -11,7 +13,6 @@ use anyhow::{anyhow, bail};
 use shoal::{ConcurrencyControl, LogMode, Options};
 
 use crate::dist::{parse_dist, KeyDist};
-use crate::engine_opts;
 use crate::sweep::{Point, Value};
 use crate::workloads::WorkloadKind;
 
@@ -205,12 +206,22 @@ impl RunConfig {
             Some(_) => int("warehouses")?,
             None => opt_int("scale", 1)?,
         };
-        let mut options = Options {
-            cc: cc.engine(),
-            log: log.engine(),
-            ..Options::default()
-        };
-        engine_opts::apply(p, &mut options)?;
+        let mut options = Options::default()
+            .with_cc(cc.engine())
+            .with_log(log.engine());
+        for s in p.settings() {
+            s.apply(&mut options);
+        }
+        match p.get("phase-ms") {
+            None => {}
+            Some(Value::Float(ms)) if ms.is_finite() && *ms > 0.0 => {
+                options.doppel.split_phase = Duration::from_secs_f64(ms / 1e3);
+            }
+            Some(Value::Int(ms)) if *ms > 0 => {
+                options.doppel.split_phase = Duration::from_millis(*ms);
+            }
+            Some(v) => bail!("option phase-ms: expected a positive number, got {v}"),
+        }
         Ok(RunConfig {
             point: p.clone(),
             cc,
@@ -229,6 +240,22 @@ impl RunConfig {
             mix,
             options,
         })
+    }
+
+    /// Every sweepable engine option's effective value, by axis name, in the form the
+    /// command line takes (`lock-table` → `sharded`, `log-latency` → `0ms`; with Doppel,
+    /// `phase-ms` → 20, a number as when swept).
+    pub fn engine_options(&self) -> Vec<(&'static str, Value)> {
+        let o = &self.options;
+        let mut out: Vec<(&'static str, Value)> = engine::Setting::of(o)
+            .into_iter()
+            .map(|s| (s.axis(), Value::Setting(s)))
+            .collect();
+        if o.cc == ConcurrencyControl::Doppel {
+            let ms = o.doppel.split_phase.as_secs_f64() * 1e3;
+            out.push(("phase-ms", Value::Float(ms)));
+        }
+        out
     }
 
     /// A configuration for unit tests: scale 1, one thread, 2PL without log, plus the given

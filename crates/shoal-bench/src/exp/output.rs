@@ -1,0 +1,325 @@
+//! What `shoal exp` writes: the JSON records, the CSV files and the SVG panels.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+
+use super::{Done, Experiment, Group, Metric, TIME};
+use crate::interval::csv_field;
+use crate::report::Record;
+use crate::sweep::Value;
+
+/// The option values of a record as text, by JSON name.
+pub(super) fn opts(r: &Record) -> BTreeMap<String, String> {
+    r.options
+        .iter()
+        .map(|(k, v)| (k.clone(), v.to_string()))
+        .collect()
+}
+
+/// The series label of every run: its sweep's label plus the options that vary among the
+/// runs of its sweep (other than x and the seed).
+pub(super) fn series_labels(groups: &[Group], done: &[Done]) -> Vec<String> {
+    let mut varying: BTreeMap<(usize, String), Vec<String>> = BTreeMap::new();
+    for (gi, g) in groups.iter().enumerate() {
+        for r in &g.runs {
+            let mine: Vec<BTreeMap<String, String>> = done
+                .iter()
+                .filter(|d| d.group == gi && d.label == r.label)
+                .map(|d| opts(&d.rec))
+                .collect();
+            varying.insert((gi, r.label.clone()), varying_keys(g, &mine));
+        }
+    }
+    done.iter()
+        .map(|d| {
+            let o = opts(&d.rec);
+            let mut parts: Vec<String> = Vec::new();
+            if !d.label.is_empty() {
+                parts.push(d.label.clone());
+            }
+            let keys = varying.get(&(d.group, d.label.clone()));
+            for k in keys.into_iter().flatten() {
+                parts.push(format!("{k}={}", o.get(k).map_or("-", String::as_str)));
+            }
+            if parts.is_empty() {
+                d.rec.workload.clone()
+            } else {
+                parts.join(" ")
+            }
+        })
+        .collect()
+}
+
+/// The options whose values differ among `mine`, other than the group's x and the seed.
+pub(super) fn varying_keys(g: &Group, mine: &[BTreeMap<String, String>]) -> Vec<String> {
+    let mut keys: Vec<String> = Vec::new();
+    for o in mine {
+        for k in o.keys() {
+            if !keys.contains(k) {
+                keys.push(k.clone());
+            }
+        }
+    }
+    keys.into_iter()
+        .filter(|k| k != g.x && k != "seed")
+        .filter(|k| {
+            // Varies when it takes two values among the runs that have it: an option only
+            // some runs carry with one value (Doppel's `phase_ms` beside 2PL and OCC) is
+            // implied by the options that do vary.
+            let mut present = mine.iter().filter_map(|o| o.get(k));
+            let first = present.next();
+            present.any(|v| Some(v) != first)
+        })
+        .collect()
+}
+
+pub(super) fn threads(r: &Record) -> f64 {
+    match r.options.get("threads") {
+        Some(Value::Int(t)) => *t as f64,
+        _ => 1.0,
+    }
+}
+
+/// The value of `m` for a whole run.
+pub(super) fn metric(m: Metric, r: &Record) -> f64 {
+    match m {
+        Metric::Throughput => r.throughput,
+        Metric::ThroughputPerThread => r.throughput / threads(r).max(1.0),
+        Metric::Aborts => r.aborts.aborted as f64,
+        Metric::Completed => r.committed as f64,
+        Metric::IntervalTps => r.throughput,
+    }
+}
+
+pub(super) fn write_json(
+    e: &Experiment,
+    groups: &[Group],
+    done: &[Done],
+    dir: &Path,
+) -> anyhow::Result<()> {
+    let labels = series_labels(groups, done);
+    let mut out = Vec::with_capacity(done.len());
+    for (d, s) in done.iter().zip(&labels) {
+        let mut v = serde_json::to_value(&d.rec)?;
+        if let Some(o) = v.as_object_mut() {
+            o.insert("experiment".into(), e.id.into());
+            o.insert("group".into(), groups[d.group].title.clone().into());
+            o.insert("series".into(), s.clone().into());
+        }
+        out.push(v);
+    }
+    let path = dir.join(format!("{}.json", e.id));
+    let mut text = serde_json::to_string_pretty(&out)?;
+    text.push('\n');
+    std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+/// One row per run: experiment, group, series, every option, then the results.
+pub(super) fn render_csv(e: &Experiment, groups: &[Group], done: &[Done]) -> String {
+    let labels = series_labels(groups, done);
+    let mut keys: Vec<String> = Vec::new();
+    for d in done {
+        for k in d.rec.options.keys() {
+            if !keys.contains(k) {
+                keys.push(k.clone());
+            }
+        }
+    }
+    let mut out = String::from("experiment,group,series,workload");
+    for k in &keys {
+        out.push(',');
+        out.push_str(&csv_field(k));
+    }
+    out.push_str(
+        ",throughput,throughput_per_thread,committed,aborted,aborted_deadlock,\
+         aborted_lock_timeout,aborted_conflict,rolled_back,p50_us,p99_us,measured_s,consistent\n",
+    );
+    for (d, s) in done.iter().zip(&labels) {
+        let r = &d.rec;
+        let o = opts(r);
+        let _ = write!(
+            out,
+            "{},{},{},{}",
+            e.id,
+            csv_field(&groups[d.group].title),
+            csv_field(s),
+            r.workload
+        );
+        for k in &keys {
+            out.push(',');
+            out.push_str(&csv_field(o.get(k).map_or("", String::as_str)));
+        }
+        let _ = writeln!(
+            out,
+            ",{},{:.1},{},{},{},{},{},{},{},{},{},{}",
+            r.throughput,
+            r.throughput / threads(r).max(1.0),
+            r.committed,
+            r.aborts.aborted,
+            r.aborts.aborted_deadlock,
+            r.aborts.aborted_lock_timeout,
+            r.aborts.aborted_conflict,
+            r.rolled_back,
+            r.latency_us.p50,
+            r.latency_us.p99,
+            r.measured_s,
+            r.consistent
+        );
+    }
+    out
+}
+
+/// Per-interval rows of the runs that sampled: experiment, group, series, then the sample.
+pub(super) fn render_intervals_csv(
+    e: &Experiment,
+    groups: &[Group],
+    done: &[Done],
+) -> Option<String> {
+    if done.iter().all(|d| d.rec.intervals.is_empty()) {
+        return None;
+    }
+    let labels = series_labels(groups, done);
+    let mut out =
+        String::from("experiment,group,series,t_s,commits,total_commits,tps,aborts,p99_us\n");
+    for (d, s) in done.iter().zip(&labels) {
+        for i in &d.rec.intervals {
+            let _ = writeln!(
+                out,
+                "{},{},{},{},{},{},{},{},{}",
+                e.id,
+                csv_field(&groups[d.group].title),
+                csv_field(s),
+                i.t_s,
+                i.commits,
+                i.total_commits,
+                i.tps,
+                i.aborts,
+                i.p99_us
+            );
+        }
+    }
+    Some(out)
+}
+
+/// Writes the JSON, CSV (and intervals CSV) and SVG files; returns their paths.
+pub(super) fn write_outputs(
+    e: &Experiment,
+    groups: &[Group],
+    done: &[Done],
+    dir: &Path,
+) -> anyhow::Result<Vec<PathBuf>> {
+    write_json(e, groups, done, dir)?;
+    let mut files = vec![dir.join(format!("{}.json", e.id))];
+    let csv = dir.join(format!("{}.csv", e.id));
+    std::fs::write(&csv, render_csv(e, groups, done))
+        .with_context(|| format!("writing {}", csv.display()))?;
+    files.push(csv);
+    if let Some(text) = render_intervals_csv(e, groups, done) {
+        let p = dir.join(format!("{}-intervals.csv", e.id));
+        std::fs::write(&p, text).with_context(|| format!("writing {}", p.display()))?;
+        files.push(p);
+    }
+    let svg = dir.join(format!("{}.svg", e.id));
+    let panels = panels(e, groups, done);
+    std::fs::write(&svg, crate::plot::render(&panels)?)
+        .with_context(|| format!("writing {}", svg.display()))?;
+    files.push(svg);
+    Ok(files)
+}
+
+/// When the workload of a run changed during its measurement window, in seconds since the
+/// window started: INCR1's hot key moves every `hot_move_every` since the run started
+/// (warm-up included).
+pub(super) fn workload_changes(r: &Record) -> Vec<f64> {
+    let Some(Value::Text(t)) = r.options.get("hot_move_every") else {
+        return Vec::new();
+    };
+    let Ok(every) = crate::config::engine::parse_duration(t) else {
+        return Vec::new();
+    };
+    let every = every.as_secs_f64();
+    if every <= 0.0 {
+        return Vec::new();
+    }
+    let end = r.warmup_s + r.measured_s.max(r.duration_s);
+    (1..)
+        .map(|k| k as f64 * every)
+        .take_while(|&x| x < end)
+        .filter(|&x| x > r.warmup_s)
+        .map(|x| ((x - r.warmup_s) * 1e6).round() / 1e6)
+        .collect()
+}
+
+/// The plot panels of an experiment's runs.
+pub(super) fn panels(e: &Experiment, groups: &[Group], done: &[Done]) -> Vec<crate::plot::Panel> {
+    use crate::plot::{Panel, Series, XValue};
+    let labels = series_labels(groups, done);
+    let mut out = Vec::new();
+    for (gi, g) in groups.iter().enumerate() {
+        for &m in &g.metrics {
+            let mut series: Vec<Series> = Vec::new();
+            for (d, label) in done.iter().zip(&labels).filter(|(d, _)| d.group == gi) {
+                let pts: Vec<(XValue, f64)> = if g.x == TIME || m.over_time() {
+                    // Commits completed start from 0 at time 0.
+                    let origin = (m == Metric::Completed && !d.rec.intervals.is_empty())
+                        .then_some((XValue::Num(0.0), 0.0));
+                    origin
+                        .into_iter()
+                        .chain(d.rec.intervals.iter().map(|i| {
+                            let y = match m {
+                                Metric::IntervalTps => i.tps,
+                                _ => i.total_commits as f64,
+                            };
+                            (XValue::Num(i.t_s), y)
+                        }))
+                        .collect()
+                } else {
+                    let x = match d.rec.options.get(g.x) {
+                        Some(Value::Int(v)) => XValue::Num(*v as f64),
+                        Some(Value::Float(v)) => XValue::Num(*v),
+                        Some(Value::Text(t)) => XValue::Text(t.clone()),
+                        Some(Value::Setting(s)) => XValue::Text(s.to_string()),
+                        None => continue,
+                    };
+                    vec![(x, metric(m, &d.rec))]
+                };
+                match series.iter_mut().find(|s| &s.name == label) {
+                    Some(s) => s.points.extend(pts),
+                    None => series.push(Series {
+                        name: label.clone(),
+                        points: pts,
+                    }),
+                }
+            }
+            let x_marks = if g.x == TIME {
+                done.iter()
+                    .filter(|d| d.group == gi)
+                    .flat_map(|d| workload_changes(&d.rec))
+                    .fold(Vec::new(), |mut v, x| {
+                        if !v.contains(&x) {
+                            v.push(x);
+                        }
+                        v
+                    })
+            } else {
+                Vec::new()
+            };
+            out.push(Panel {
+                title: format!("{} ({}): {}", e.id, e.paper, g.title),
+                x_label: if g.x == TIME {
+                    "seconds since the measurement started".into()
+                } else {
+                    g.x.replace('_', "-")
+                },
+                y_label: m.label().into(),
+                log_y: g.log_y,
+                series,
+                x_marks,
+            });
+        }
+    }
+    out
+}

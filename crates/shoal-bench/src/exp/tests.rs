@@ -1,0 +1,230 @@
+use std::collections::BTreeMap;
+
+use super::output::*;
+use super::*;
+use crate::sweep::Value;
+
+#[test]
+fn options_only_some_runs_carry_are_not_series_keys() {
+    let g = Group::new("t", "alpha");
+    let run = |kv: &[(&str, &str)]| -> BTreeMap<String, String> {
+        kv.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    let mine = vec![
+        run(&[("cc", "occ"), ("alpha", "1"), ("seed", "1")]),
+        run(&[
+            ("cc", "doppel"),
+            ("alpha", "1"),
+            ("phase_ms", "20"),
+            ("seed", "2"),
+        ]),
+        run(&[
+            ("cc", "doppel"),
+            ("alpha", "2"),
+            ("phase_ms", "20"),
+            ("seed", "1"),
+        ]),
+    ];
+    assert_eq!(varying_keys(&g, &mine), ["cc"]);
+    let mut swept = mine.clone();
+    swept[2].insert("phase_ms".into(), "5".into());
+    assert_eq!(varying_keys(&g, &swept), ["cc", "phase_ms"]);
+}
+use crate::harness;
+use crate::interval::Sample;
+use crate::sweep::json_name;
+
+/// The record of a fake run of the `shoal bench` command line `args` (its first planned
+/// run), with `tps` commits per second over one second and the given samples.
+fn record(args: &str, tps: u64, intervals: Vec<Sample>) -> Record {
+    let b = parse_bench(&super::registry::args(args)).unwrap();
+    let cfg = harness::plan(&b.sweep()).unwrap().runs.remove(0).0;
+    let stats = crate::driver::RunStats {
+        committed: tps,
+        total_committed: tps,
+        aborts: [1, 0, 0],
+        measured: std::time::Duration::from_secs(1),
+        latency_ns: hdrhistogram::Histogram::new_with_bounds(1, 1 << 40, 3).unwrap(),
+        per_thread: vec![tps],
+        rolled_back: 0,
+        per_type: Vec::new(),
+        rss_start_kb: None,
+        rss_end_kb: None,
+        peak_rss_kb: None,
+        lock_footprint: None,
+        intervals,
+        stashed: 0,
+        doppel: None,
+    };
+    let res = harness::RunResult {
+        cfg,
+        stats,
+        check: Ok("fine".into()),
+        db_run: 0,
+        load_s: 0.0,
+    };
+    Record::new(&b.params(), &res)
+}
+
+#[test]
+fn series_name_the_sweep_and_the_options_varying_in_it() {
+    let groups = vec![Group::new("g", "threads")
+        .metrics(&[Metric::ThroughputPerThread])
+        .log_y()
+        .sweep("insert", "insert")
+        .sweep("payment", "tpcc --mix payment")];
+    let done: Vec<Done> = [
+        ("insert", "insert --threads 1", 100),
+        ("insert", "insert --threads 4", 200),
+        ("payment", "tpcc --mix payment --cc 2pl --threads 1", 50),
+        ("payment", "tpcc --mix payment --cc occ --threads 4", 80),
+    ]
+    .into_iter()
+    .map(|(label, a, tps)| Done {
+        group: 0,
+        label: label.into(),
+        rec: record(a, tps, Vec::new()),
+    })
+    .collect();
+    let labels = series_labels(&groups, &done);
+    assert_eq!(
+        labels,
+        ["insert", "insert", "payment cc=2pl", "payment cc=occ"]
+    );
+    let e = find("E8").unwrap();
+    let csv = render_csv(e, &groups, &done);
+    let lines: Vec<&str> = csv.lines().collect();
+    assert_eq!(lines.len(), 5, "{csv}");
+    assert!(lines[0].starts_with("experiment,group,series,workload,"));
+    assert!(lines[2].starts_with("E8,g,insert,insert,"), "{csv}");
+    assert!(lines[2].contains(",200,50.0,200,1,1,"), "{csv}");
+    let p = panels(e, &groups, &done);
+    assert_eq!(p.len(), 1);
+    assert_eq!(p[0].series.len(), 3);
+    assert_eq!(p[0].series[0].points.len(), 2);
+    assert_eq!(
+        p[0].series[0].points[1],
+        (crate::plot::XValue::Num(4.0), 50.0)
+    );
+    assert!(render_intervals_csv(e, &groups, &done).is_none());
+}
+
+#[test]
+fn time_panels_plot_the_samples() {
+    let groups = vec![Group::new("t", TIME)
+        .metrics(&[Metric::Completed, Metric::IntervalTps])
+        .sweep("", "tpcb --victim kill-short,kill-long --csv x.csv")];
+    let sample = |t_s, total_commits| Sample {
+        t_s,
+        commits: 10,
+        total_commits,
+        tps: 10.0,
+        aborts: 0,
+        p99_us: 1.0,
+        gauges: Default::default(),
+    };
+    let done: Vec<Done> = ["kill-short", "kill-long"]
+        .into_iter()
+        .map(|v| Done {
+            group: 0,
+            label: String::new(),
+            rec: record(
+                &format!("tpcb --victim {v}"),
+                20,
+                vec![sample(1.0, 10), sample(2.0, 20)],
+            ),
+        })
+        .collect();
+    let e = find("E5").unwrap();
+    let p = panels(e, &groups, &done);
+    assert_eq!(p.len(), 2);
+    assert_eq!(p[0].series[0].name, "victim=kill-short");
+    // Completed starts at the origin.
+    assert_eq!(p[0].series[0].points.len(), 3);
+    assert_eq!(p[1].series[1].points[1].1, 10.0);
+    let iv = render_intervals_csv(e, &groups, &done).unwrap();
+    assert_eq!(iv.lines().count(), 5, "{iv}");
+    assert!(crate::plot::render(&p).unwrap().contains("<svg"));
+}
+
+#[test]
+fn time_panels_mark_the_hot_key_moves() {
+    let groups = (find("E10").unwrap().groups)(true);
+    assert_eq!(groups[0].x, TIME);
+    let b = parse_bench(&groups[0].runs[0].args).unwrap();
+    assert_eq!(b.doppel.hot_move_every, Some(vec!["1.5s".to_string()]));
+    assert!(b.params().sampling.is_some_and(|s| s.print));
+    let sample = |t_s| Sample {
+        t_s,
+        commits: 10,
+        total_commits: 10,
+        tps: 100.0,
+        aborts: 0,
+        p99_us: 1.0,
+        gauges: Default::default(),
+    };
+    let done: Vec<Done> = ["0", "1"]
+        .into_iter()
+        .map(|warmup| Done {
+            group: 0,
+            label: String::new(),
+            rec: record(
+                &format!(
+                    "incr1 --cc occ --hot-fraction 0.1 --hot-move-every 1500ms \
+                     --duration 6 --warmup {warmup}"
+                ),
+                20,
+                vec![sample(0.1), sample(0.2)],
+            ),
+        })
+        .collect();
+    assert_eq!(done[0].rec.options["hot_move_every"], Value::from("1500ms"));
+    assert_eq!(workload_changes(&done[0].rec), [1.5, 3.0, 4.5]);
+    assert_eq!(workload_changes(&done[1].rec), [0.5, 2.0, 3.5, 5.0]);
+    let p = panels(find("E10").unwrap(), &groups[..1], &done[..1]);
+    assert_eq!(p[0].x_marks, [1.5, 3.0, 4.5]);
+    assert!(crate::plot::render(&p).unwrap().contains("<svg"));
+}
+
+#[test]
+fn registry_entries_parse_into_valid_bench_configurations() {
+    let mut ids = Vec::new();
+    for e in REGISTRY {
+        assert!(!ids.contains(&e.id), "duplicate {}", e.id);
+        ids.push(e.id);
+        for quick in [true, false] {
+            let groups = (e.groups)(quick);
+            assert!(!groups.is_empty(), "{}", e.id);
+            for g in &groups {
+                assert!(!g.metrics.is_empty() && !g.runs.is_empty(), "{}", e.id);
+                for r in &g.runs {
+                    let b = parse_bench(&r.args).unwrap_or_else(|err| panic!("{err}"));
+                    let sweep = b.sweep();
+                    let plan = harness::plan(&sweep).unwrap();
+                    assert!(!plan.runs.is_empty(), "{} {:?}", e.id, r.args);
+                    if g.x == TIME {
+                        assert!(b.params().sampling.is_some(), "{} samples", e.id);
+                    } else {
+                        assert!(
+                            sweep.axes.iter().any(|a| json_name(a.name) == g.x),
+                            "{}: no axis {} in {:?}",
+                            e.id,
+                            g.x,
+                            r.args
+                        );
+                    }
+                    if quick {
+                        assert!(b.duration <= 10.0, "{} quick run too long", e.id);
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(
+        ids,
+        ["E1", "E2", "E3", "E4", "E5", "E6", "E7", "E8", "E9", "E10", "E11", "E12", "E13", "E14"]
+    );
+    assert!(find("e3").is_some() && find("E99").is_none());
+}

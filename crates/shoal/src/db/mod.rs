@@ -90,6 +90,13 @@ fn check_limits(opts: &Options) -> Result<u64> {
     let ring = opts.log_buffer.next_power_of_two().max(1 << 16);
     // The frame header, record kind, transaction id and counts.
     let limit = ring.min(MAX_PAYLOAD + FRAME_HEADER) as u64 - 32;
+    if opts.max_key_len > crate::storage::page::MAX_KEY {
+        return Err(Error::InvalidOptions(format!(
+            "max_key_len {} is more than the {} bytes a page guarantees room for",
+            opts.max_key_len,
+            crate::storage::page::MAX_KEY
+        )));
+    }
     let one = opts.max_key_len as u64 + opts.max_value_len as u64 + 16;
     if one > limit {
         return Err(Error::InvalidOptions(format!(

@@ -1,57 +1,71 @@
-//! A concurrent B+-tree with fence keys and ghost records.
+//! A B+-tree on fixed-size pages with fence keys, ghost records and optimistic lock coupling.
 //!
-//! Technique: a B+-tree with one reader-writer latch per node and latch coupling (Bayer and
-//! Schkolnick): a thread holds a node's latch until it has latched the child it moves to, so
-//! there is no global latch on any path (Shore-MT's first principle). Writers first descend
-//! optimistically (read latches on inner nodes, a write latch on the leaf only) and restart
-//! with write-latch coupling and preemptive top-down splits only when the leaf is full and the
-//! operation may insert. The root node is never replaced: a root split moves its contents
-//! into two new children, and a root left with one child takes that child's contents, so no
-//! separate root-pointer latch exists.
+//! Nodes are slotted pages (`node.rs`) of a [`PageStore`] (`page.rs`), named by page id;
+//! an inner node holds its children's page ids. Page 0 is the root and is never replaced: a
+//! root split moves its contents into two new children, and a root left with one child takes
+//! that child's contents, so no root pointer exists to latch.
 //!
-//! Merges: a removal that leaves a leaf empty, or just below a quarter full, merges it with a
-//! sibling after the fact, top-down with write-latch coupling (`BTree::rebalance`): each
-//! underfull node on the path moves into or absorbs an adjacent sibling under the parent's
-//! latch when both fit in one node (with a quarter to spare, against split-merge
-//! oscillation; an empty node always goes), and the root collapses when it has one child.
-//! So a queue-like table, inserting at one end and deleting at the other, keeps a bounded
-//! number of nodes, and a scan from the start of the range meets no run of empty leaves.
-//! A removed node is marked dead and kept on a free list that splits reuse: [`LeafHint`]s
-//! and pinned borrows name nodes by address, so no node's memory is freed before its tree.
+//! **Optimistic lock coupling** (Leis et al., DaMoN 2016; LeanStore, ICDE 2018). Every page
+//! has a version latch (`olc.rs`). A reader descends without latching: it reads a node's
+//! version, picks the child, reads the child's version and validates the parent's (so the
+//! child id it used was current), and at the leaf copies what it needs and validates the
+//! leaf's version; any failed validation restarts from the root. Readers write no shared
+//! memory, so the root's cache line stays shared by all cores. The closure passed to
+//! [`BTree::get`] runs only on a validated copy of the record, after every latch check.
 //!
-//! Fence keys (Kimura et al. 2012 §2.2, after Graefe): every node stores a low fence
-//! (inclusive, `None` = -infinity) and a high fence (exclusive, `None` = +infinity), copies of
-//! the separators around it in its parent. They replace sibling pointers: a range scan goes on
-//! from a leaf's high fence with a new descent, and the predecessor of the first key of a
-//! leaf is found by searching below its low fence. [`BTree::check_invariants`] uses them to
-//! verify the whole structure.
+//! A writer descends the same way and upgrades the leaf's version to an exclusive latch
+//! ([`Latch::try_upgrade`](super::olc::Latch::try_upgrade); a failure restarts), if the leaf
+//! has room for what the closure may do: for a key that is there, 16 bytes (a value that
+//! no longer fits inline goes to overflow pages, see below); for a key that is absent, a
+//! slot, the key and an inline value of the largest inline size. Otherwise it restarts in
+//! pessimistic mode: exclusive latch coupling from the root with preemptive splits of full
+//! inner nodes, so the leaf's parent, latched with the leaf, has room for a separator, and
+//! the leaf is split after the closure ran only if its result does not fit. Splits keep
+//! the left page full when the new key is the greatest in the leaf (sequential inserts: an
+//! append-only table's leaves end up full), and halve the bytes otherwise.
 //!
-//! Leaf hints: [`BTree::get_hinted`] and [`BTree::update_hinted`] return a [`LeafHint`] for
-//! the leaf they ended in and take one back, trying that leaf first (latch it, check it is
-//! still a live leaf whose fences hold the key) before a root-to-leaf descent. Fence keys make
-//! the check sound without sibling pointers or node versions (see `Leaf::covers`); a merged
-//! node is dead (or reused with new fences), which the same check rejects. The optimistic
-//! concurrency control keeps a hint per read and write, as Silo keeps record pointers.
+//! **Optimistic concurrency control on this tree.** The TID word and the ghost bit of each
+//! record sit in its slot and record data. OCC reads them with [`BTree::get_hinted`] (an
+//! optimistic, validated copy, so a TID and the value it stamps are read atomically), locks
+//! and installs them with [`BTree::update_hinted`] (the leaf's exclusive latch), and
+//! protects against phantoms by re-scanning its scanned ranges at validation with
+//! [`BTree::range`], whose result is validated leaf by leaf: no node-set versions are kept
+//! across the transaction, so splits and merges cause no false aborts.
 //!
-//! Ghost records are ordinary records with the ghost bit set; the transaction layer owns the
-//! bit and removes ghosts when no transaction can need them.
+//! **Fence keys** (Kimura et al. 2012 §2.2, after Graefe): every node stores a low fence
+//! (inclusive, `None` = -infinity) and a high fence (exclusive, `None` = +infinity), copies
+//! of the separators around it in its parent. They replace sibling pointers: a range scan
+//! goes on from a leaf's high fence with a new descent, and the predecessor of the first key
+//! of a leaf is found by searching below its low fence. They also validate [`LeafHint`]s: a
+//! hint is a page id; the hinted page is used only if, at a validated version, it is a leaf
+//! whose fences hold the key (a merged page is free, a reused one has new fences).
 //!
-//! Deviations: merges are not guaranteed: an underfull node whose siblings are too full to
-//! take it stays as it is (no redistribution of entries between siblings), and a leaf that
-//! is underfull but not empty is tried only when it crosses the threshold, so underfull and
-//! (rarely, next to a full sibling) empty nodes can remain; lookups and scans handle them.
-//! Dead nodes are recycled, not freed, so the tree keeps the memory of its largest size in
-//! node shells (about 200 bytes each; their entries are freed). Reader-writer latches rather
-//! than optimistic lock coupling, whose version validation would also remove the
-//! shared-latch cache-line traffic on the upper levels — future work.
+//! **Merges**: a removal that leaves a leaf empty or underfull (below a quarter of a page,
+//! or of the slot capacity of [`BTree::with_capacity`]) merges it with a sibling after the
+//! fact, top-down with exclusive latch coupling ([`BTree::rebalance`]), when both fit in one
+//! page with a quarter to spare (an empty node always goes); the root collapses when it has
+//! one child. Freed pages go to the store's free list, which splits and overflow chains
+//! reuse.
+//!
+//! **Ghost records** are ordinary records with the ghost bit set; the transaction layer owns
+//! the bit and removes ghosts when no transaction can need them.
+//!
+//! Deviations: merges are not guaranteed (an underfull node whose siblings are too full
+//! stays; no redistribution). A present record whose value grows past the room in its leaf
+//! on the optimistic path is stored in overflow pages even if it is short, rather than
+//! splitting the leaf. No prefix truncation: heads are a key's first 8 bytes. Readers never
+//! fall back to a shared latch, so a reader can in theory starve behind a stream of writers
+//! to the same page.
 
-use std::cmp::Ordering;
+use std::cell::Cell;
 use std::ops::Bound;
-use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
-use std::sync::Arc;
 
-use parking_lot::{Mutex, RwLock};
+use super::node::{
+    is_overflow_len, Image, Item, Node, Probe, KIND_FREE, KIND_INNER, KIND_LEAF, OVF_REF,
+};
+use super::overflow;
+use super::page::{Frame, PageId, PageStore, INLINE_VALUE, MAX_KEY, PAGE_SIZE};
 
 /// One record: the value bytes, the ghost bit and the TID word. A ghost is a logically deleted
 /// record whose key still takes part in key-range locking (2PL) or carries the TID of the
@@ -70,322 +84,65 @@ pub struct Record {
     pub ghost: bool,
     /// The TID word of optimistic concurrency control (Silo): the commit TID of the last
     /// transaction that wrote the record, with the top bit as the lock bit held by a committing
-    /// writer. Read and written only under the leaf latch. Always 0 under two-phase locking.
+    /// writer. Written only under the leaf's exclusive latch. Always 0 under two-phase locking.
     pub tid: u64,
 }
 
-type NodeRef = Arc<RwLock<Node>>;
+/// The root's page id.
+const ROOT: PageId = 0;
 
-/// Bytes of a key kept inline in the node (the rest of a longer key is on the heap).
-const INLINE: usize = 16;
+/// The shape of a [`BTree`], from [`BTree::stats`] (for tests and diagnostics).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TreeStats {
+    /// Entries, ghosts included.
+    pub entries: usize,
+    /// Entries with the ghost bit set.
+    pub ghosts: usize,
+    /// Leaves reachable from the root.
+    pub leaves: usize,
+    /// Leaves without entries (only the root, or a leaf with no sibling to merge with).
+    pub empty_leaves: usize,
+    /// Inner nodes reachable from the root.
+    pub inner: usize,
+    /// Levels, leaves included.
+    pub height: usize,
+    /// Free pages kept for reuse.
+    pub free: usize,
+    /// Overflow pages reachable from records.
+    pub overflow: usize,
+    /// Pages allocated and not free (nodes and overflow pages).
+    pub pages: usize,
+    /// Bytes of the pages in use (`pages` times the page size).
+    pub bytes: usize,
+}
 
-/// A key as the tree stores it (in leaves, separators and fences).
+/// The id of the next [`BTree`]. Ids are never reused (a `u64` does not wrap in practice).
+static NEXT_TREE_ID: AtomicU64 = AtomicU64::new(1);
+
+/// An opaque handle to the leaf where an operation on a key ended, returned by
+/// [`BTree::get_hinted`] and [`BTree::update_hinted`] and accepted back by them to skip the
+/// root-to-leaf descent (Silo keeps record pointers for the same reason).
 ///
-/// The first [`INLINE`] bytes sit in the node itself, zero padded, and compare as one
-/// big-endian integer: a binary search over a node reads no other memory and calls no
-/// `memcmp` unless two keys share those bytes and are both longer. Keys of at most
-/// [`INLINE`] bytes need no heap buffer at all; a longer key keeps its whole value in `long`.
-#[derive(Clone)]
-struct Key {
-    head: [u8; INLINE],
-    len: u32,
-    /// The whole key when it is longer than [`INLINE`] bytes.
-    long: Option<Box<[u8]>>,
-}
-
-impl Key {
-    fn new(k: &[u8]) -> Key {
-        let mut head = [0u8; INLINE];
-        let n = k.len().min(INLINE);
-        head[..n].copy_from_slice(&k[..n]);
-        Key {
-            head,
-            // Keys are bounded by `Options::max_key_len`, far below 4 GiB; saturate anyway
-            // (a longer key keeps its exact length in `long`).
-            len: u32::try_from(k.len()).unwrap_or(u32::MAX),
-            long: (k.len() > INLINE).then(|| k.into()),
-        }
-    }
-
-    fn bytes(&self) -> &[u8] {
-        match &self.long {
-            Some(b) => b,
-            None => &self.head[..self.len as usize],
-        }
-    }
-
-    /// Orders this key against `p` as the byte strings compare.
-    #[inline]
-    fn cmp_probe(&self, p: &Probe<'_>) -> Ordering {
-        match u128::from_be_bytes(self.head).cmp(&p.head) {
-            Ordering::Equal => {}
-            o => return o,
-        }
-        // Equal heads: if either key fits inline, it is a prefix of the other, so the
-        // lengths decide. Otherwise compare the rest.
-        if self.len as usize <= INLINE || p.bytes.len() <= INLINE {
-            return (self.len as usize).cmp(&p.bytes.len());
-        }
-        self.bytes()[INLINE..].cmp(&p.bytes[INLINE..])
-    }
-
-    /// The representation invariant: `head` holds the first bytes zero padded, `long` the
-    /// whole key exactly when it does not fit inline.
-    fn well_formed(&self) -> bool {
-        let b = self.bytes();
-        let n = b.len().min(INLINE);
-        b.len() == self.len as usize
-            && (b.len() > INLINE) == self.long.is_some()
-            && self.head[..n] == b[..n]
-            && self.head[n..].iter().all(|&x| x == 0)
-    }
-
-    /// The first [`INLINE`] bytes, zero padded, as a big-endian integer (see [`Heads`]).
-    #[inline]
-    fn prefix(&self) -> u128 {
-        u128::from_be_bytes(self.head)
-    }
-
-    fn lt(&self, p: &Probe<'_>) -> bool {
-        self.cmp_probe(p) == Ordering::Less
-    }
-
-    fn le(&self, p: &Probe<'_>) -> bool {
-        self.cmp_probe(p) != Ordering::Greater
-    }
-}
-
-impl std::ops::Deref for Key {
-    type Target = [u8];
-
-    fn deref(&self) -> &[u8] {
-        self.bytes()
-    }
-}
-
-impl std::fmt::Debug for Key {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.bytes().fmt(f)
-    }
-}
-
-/// A search key prepared for [`Key::cmp_probe`]: its first [`INLINE`] bytes as a big-endian
-/// integer.
-struct Probe<'a> {
-    head: u128,
-    bytes: &'a [u8],
-}
-
-impl<'a> Probe<'a> {
-    /// The first [`INLINE`] bytes, zero padded, as a big-endian integer.
-    #[inline]
-    fn prefix(&self) -> u128 {
-        self.head
-    }
-
-    #[inline]
-    fn new(bytes: &'a [u8]) -> Self {
-        let mut head = [0u8; INLINE];
-        let n = bytes.len().min(INLINE);
-        head[..n].copy_from_slice(&bytes[..n]);
-        Probe {
-            head: u128::from_be_bytes(head),
-            bytes,
-        }
-    }
-}
-
-/// A leaf entry. Key and record sit side by side, so the record a search lands on is
-/// usually in a cache line the search already loaded.
-struct Entry {
-    key: Key,
-    rec: Record,
-}
-
-struct Leaf {
-    low: Option<Key>,
-    high: Option<Key>,
-    /// `heads[i]` is `ents[i].key.prefix()`.
-    heads: Heads,
-    ents: Vec<Entry>,
-}
-
-/// The first [`INLINE`] (16) bytes of every key of a node (as [`Key::prefix`]), in a dense
-/// array beside the entries: a binary search runs over these, 4 to a cache line, instead of
-/// over the entries of 48 or 80 bytes, and reads an entry only to decide between keys that
-/// share their first 16 bytes or to fetch what it found. That halves the cache misses of a
-/// search in a node that is not cached. (With 8-byte prefixes, keys such as a type byte and
-/// 15 hex digits, the Doppel workloads' keys, all shared their prefix below 16^7 records,
-/// and every search fell through to the entries: 44% of a LIKE profile.)
-#[derive(Default)]
-struct Heads(Vec<u128>);
-
-impl Heads {
-    fn of<'a>(keys: impl Iterator<Item = &'a Key>) -> Heads {
-        Heads(keys.map(Key::prefix).collect())
-    }
-
-    /// The number of leading items that are below the probe whose head is `h`: `below` must
-    /// hold for every item with a smaller head and fail for every item with a larger one,
-    /// and is called only on items whose head is `h`.
-    #[inline]
-    fn partition<T>(&self, items: &[T], h: u128, below: impl Fn(&T) -> bool) -> usize {
-        let heads = &self.0[..];
-        debug_assert_eq!(heads.len(), items.len());
-        let lo = heads.partition_point(|&x| x < h);
-        let n = heads.len();
-        if lo == n || heads[lo] != h {
-            return lo;
-        }
-        // The items with head `h` run from `lo` to `end`: gallop from `lo` (usually one
-        // step: distinct heads), then bisect the last step.
-        let mut known = lo; // heads[known] == h
-        let mut step = 1;
-        let end = loop {
-            let at = lo + step;
-            if at >= n || heads[at] != h {
-                let upper = at.min(n);
-                break known + 1 + heads[known + 1..upper].partition_point(|&x| x == h);
-            }
-            known = at;
-            step *= 2;
-        };
-        lo + items[lo..end].partition_point(below)
-    }
-}
-
-/// A separator with the child to its right (keys at or above it), side by side for the same
-/// reason as [`Entry`].
-struct Sep {
-    key: Key,
-    right: NodeRef,
-}
-
-struct Inner {
-    low: Option<Key>,
-    high: Option<Key>,
-    /// The child below the first separator.
-    first: NodeRef,
-    /// `heads[i]` is `seps[i].key.prefix()`.
-    heads: Heads,
-    /// `seps[i].key` separates child `i` (keys below) from child `i + 1`, `seps[i].right`;
-    /// child 0 is `first`.
-    seps: Vec<Sep>,
-    /// The children are leaves (all leaves are at one depth, and a leaf never becomes an
-    /// inner node: only the root changes kind, and the root is nobody's child).
-    leaf_children: bool,
-}
-
-enum Node {
-    Leaf(Leaf),
-    Inner(Inner),
-    /// A node removed from the tree by a merge (or a root collapse). Its allocation stays
-    /// on the tree's free list until a split reuses it or the tree is dropped, so a stale
-    /// [`LeafHint`] still names valid memory; a hinted access sees `Dead` (or a reused node
-    /// whose fences it checks) and descends from the root instead.
-    Dead,
-}
-
-impl Inner {
-    fn child_index(&self, key: &Probe<'_>) -> usize {
-        self.heads
-            .partition(&self.seps, key.prefix(), |s| s.key.le(key))
-    }
-
-    /// The index of the child whose keys end just below `key` (a separator equal to `key`
-    /// sends us left).
-    fn child_index_below(&self, key: &Probe<'_>) -> usize {
-        self.heads
-            .partition(&self.seps, key.prefix(), |s| s.key.lt(key))
-    }
-
-    fn insert_sep(&mut self, i: usize, sep: Sep) {
-        self.heads.0.insert(i, sep.key.prefix());
-        self.seps.insert(i, sep);
-    }
-
-    fn remove_sep(&mut self, i: usize) -> Sep {
-        self.heads.0.remove(i);
-        self.seps.remove(i)
-    }
-
-    fn child(&self, i: usize) -> &NodeRef {
-        match i {
-            0 => &self.first,
-            i => &self.seps[i - 1].right,
-        }
-    }
-
-    fn children(&self) -> impl Iterator<Item = &NodeRef> {
-        std::iter::once(&self.first).chain(self.seps.iter().map(|s| &s.right))
-    }
-}
-
-impl Leaf {
-    /// Calls `f` with the record at `key`, if any.
-    fn read<R>(&self, key: &Probe<'_>, f: impl FnOnce(Option<&Record>) -> R) -> R {
-        match self.search(key) {
-            Ok(i) => f(Some(&self.ents[i].rec)),
-            Err(_) => f(None),
-        }
-    }
-
-    /// Whether an update of `key` here could need a split: the leaf is full and `key` absent.
-    fn may_split(&self, key: &Probe<'_>, cap: usize) -> bool {
-        self.ents.len() >= cap && self.search(key).is_err()
-    }
-
-    /// True when `key` lies within this leaf's fences, [`low`, `high`).
-    ///
-    /// Under the leaf's latch this says that the leaf is *the* leaf of `key`: the one a
-    /// descent for `key` would reach now, where `key`'s record is if it exists and where an
-    /// insert of `key` goes. The fences of the leaves partition the key space: a split changes
-    /// them only under the write latches of the parent and the splitting leaf (the leaf's
-    /// `high` drops to the separator in the same critical section that moves the entries at
-    /// or above it into the new right sibling, whose fences are set before the parent
-    /// publishes it), every record sits in the leaf whose fences hold its key
-    /// ([`BTree::check_invariants`]), and a merge widens the surviving leaf's fences in the
-    /// same critical section (both leaves and the parent write-latched) that moves the other
-    /// leaf's entries over and marks it [`Node::Dead`], so no *live* leaf keeps fences that
-    /// another leaf now covers. A hinted access therefore checks that the node is a live
-    /// leaf first: a dead node, the root while it is an inner node, or an inner node that a
-    /// recycled allocation became, fail that check. A recycled node that is a leaf again
-    /// has the fences of its new place, which is all `covers` relies on.
-    #[inline]
-    fn covers(&self, key: &Probe<'_>) -> bool {
-        self.low.as_ref().is_none_or(|lo| lo.le(key))
-            && self.high.as_ref().is_none_or(|hi| !hi.le(key))
-    }
-
-    fn search(&self, key: &Probe<'_>) -> Result<usize, usize> {
-        let i = self.lower_bound(key);
-        match self.ents.get(i) {
-            Some(e) if self.heads.0[i] == key.prefix() && e.key.cmp_probe(key).is_eq() => Ok(i),
-            _ => Err(i),
-        }
-    }
-
-    /// The number of keys below `key`.
-    fn lower_bound(&self, key: &Probe<'_>) -> usize {
-        self.heads
-            .partition(&self.ents, key.prefix(), |e| e.key.lt(key))
-    }
-
-    /// The number of keys at or below `key`.
-    fn upper_bound(&self, key: &Probe<'_>) -> usize {
-        self.heads
-            .partition(&self.ents, key.prefix(), |e| e.key.le(key))
-    }
-
-    fn insert(&mut self, i: usize, e: Entry) {
-        self.heads.0.insert(i, e.key.prefix());
-        self.ents.insert(i, e);
-    }
-
-    fn remove(&mut self, i: usize) {
-        self.heads.0.remove(i);
-        self.ents.remove(i);
-    }
+/// A hint is a tree id and a page id, and only ever a guess: the tree uses it only if it is
+/// a hint of this very tree and, at a validated version, the page is still a leaf whose fence
+/// keys hold the key; otherwise it descends from the root as usual. A stale hint, or one
+/// from another tree, costs a version check and two comparisons, never a wrong answer.
+///
+/// ```
+/// use shoal::storage::btree::{BTree, Record};
+/// let t = BTree::new();
+/// let ((), hint) = t.update_hinted(b"k", None, |s| *s = Some(Record::default()));
+/// // The second access goes straight to the leaf.
+/// let (found, _) = t.get_hinted(b"k", Some(hint), |r| r.is_some());
+/// assert!(found);
+/// // A hint is only a guess: any key works with any hint.
+/// let (found, _) = t.get_hinted(b"other", Some(hint), |r| r.is_some());
+/// assert!(!found);
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct LeafHint {
+    tree: u64,
+    page: PageId,
 }
 
 /// A concurrent ordered index from byte keys to [`Record`]s.
@@ -403,80 +160,14 @@ impl Leaf {
 /// assert_eq!(all.len(), 2);
 /// ```
 pub struct BTree {
-    root: NodeRef,
+    store: PageStore,
+    /// Most entries of a leaf (`usize::MAX`: as many as fit in a page).
     leaf_cap: usize,
+    /// Most separators of an inner node (`usize::MAX`: as many as fit).
     inner_cap: usize,
     /// Unique among all trees this process ever makes ([`NEXT_TREE_ID`]): a [`LeafHint`] is
     /// honoured only by the tree with its id.
     id: u64,
-    /// Nodes that merges took out of the tree, all [`Node::Dead`]: kept allocated (hints and
-    /// pinned borrows may still name them) and reused by splits, so their number is bounded
-    /// by the most nodes the tree ever had at once.
-    free: Mutex<Vec<NodeRef>>,
-}
-
-/// The shape of a [`BTree`], from [`BTree::stats`] (for tests and diagnostics).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct TreeStats {
-    /// Entries, ghosts included.
-    pub entries: usize,
-    /// Entries with the ghost bit set.
-    pub ghosts: usize,
-    /// Leaves reachable from the root.
-    pub leaves: usize,
-    /// Leaves without entries (only the root, or a leaf with no sibling to merge with).
-    pub empty_leaves: usize,
-    /// Inner nodes reachable from the root.
-    pub inner: usize,
-    /// Levels, leaves included.
-    pub height: usize,
-    /// Dead nodes kept for reuse.
-    pub free: usize,
-}
-
-/// The id of the next [`BTree`]. Ids are never reused (a `u64` does not wrap in practice).
-static NEXT_TREE_ID: AtomicU64 = AtomicU64::new(1);
-
-/// An opaque handle to the leaf where an operation on a key ended, returned by
-/// [`BTree::get_hinted`] and [`BTree::update_hinted`] and accepted back by them to skip the
-/// root-to-leaf descent (Silo keeps record pointers for the same reason).
-///
-/// A hint is only ever a guess: the tree uses it only if it is a hint of this very tree and,
-/// under the leaf's latch, the node is still a leaf whose fence keys hold the key; otherwise
-/// it descends from the root as usual. A stale hint, or one from another tree, costs a latch
-/// and a comparison, never a wrong answer. There is no way to reach the node through a hint.
-///
-/// ```
-/// use shoal::storage::btree::{BTree, Record};
-/// let t = BTree::new();
-/// let ((), hint) = t.update_hinted(b"k", None, |s| *s = Some(Record::default()));
-/// // The second access goes straight to the leaf.
-/// let (found, _) = t.get_hinted(b"k", Some(hint), |r| r.is_some());
-/// assert!(found);
-/// // A hint is only a guess: any key works with any hint.
-/// let (found, _) = t.get_hinted(b"other", Some(hint), |r| r.is_some());
-/// assert!(!found);
-/// ```
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub struct LeafHint {
-    tree: u64,
-    leaf: NonNull<RwLock<Node>>,
-}
-
-// SAFETY: a hint is an address and a tree id; it grants no access by itself. It is
-// dereferenced only by `BTree::hinted_node`, under that function's own safety argument, and
-// what it yields there is a `&RwLock<Node>`, which is `Sync`. So a hint may be sent to or
-// shared with any thread.
-unsafe impl Send for LeafHint {}
-// SAFETY: as for `Send`.
-unsafe impl Sync for LeafHint {}
-
-impl std::fmt::Debug for LeafHint {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LeafHint")
-            .field("tree", &self.tree)
-            .finish_non_exhaustive()
-    }
 }
 
 impl Default for BTree {
@@ -485,121 +176,174 @@ impl Default for BTree {
     }
 }
 
-fn new_leaf(low: Option<Key>, high: Option<Key>) -> Node {
-    Node::Leaf(Leaf {
-        low,
-        high,
-        heads: Heads::default(),
-        ents: Vec::new(),
-    })
+thread_local! {
+    /// A value buffer reused by lookups, so that a `get` allocates nothing.
+    static SCRATCH: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
 }
 
+/// What a leaf operation found: the record copied out, or none.
+struct Copied {
+    found: bool,
+    ghost: bool,
+    tid: u64,
+}
+
+/// What the tree did with the closure's result.
+enum Applied<R> {
+    /// Done; `true` when a removal left the leaf empty or newly underfull.
+    Done(R, bool),
+    /// The new entry for slot `i` does not fit: the caller splits the leaf and inserts it.
+    Split(R, usize, Item),
+}
+
+/// Where a descent goes.
+#[derive(Clone, Copy)]
+enum Target<'a> {
+    /// The leaf whose range holds the key.
+    Key(&'a Probe<'a>),
+    /// The leaf whose keys end just below the key.
+    Below(&'a Probe<'a>),
+    /// The leftmost leaf.
+    First,
+}
+
+/// Bytes an entry for a key of `klen` bytes takes at most with an inline value.
+fn max_entry(klen: usize) -> usize {
+    16 + 8 + ((klen + INLINE_VALUE + 7) & !7)
+}
+
+/// Bytes a separator takes at most.
+const MAX_SEP: usize = 16 + 8 + MAX_KEY;
+
 impl BTree {
-    /// An empty tree with the default node sizes (64 records per leaf, 64 separators per inner
-    /// node).
+    /// An empty tree whose nodes hold as many entries as fit in a page.
     pub fn new() -> Self {
-        Self::with_capacity(64, 64)
+        Self::with_capacity(usize::MAX, usize::MAX)
     }
 
-    /// An empty tree with the given node sizes, at least 3 each (tests use tiny nodes to force
-    /// splits).
+    /// An empty tree whose nodes hold at most the given numbers of entries (at least 3 each)
+    /// besides the page size limit (tests use tiny nodes to force splits).
     ///
     /// ```
     /// let t = shoal::storage::btree::BTree::with_capacity(3, 3);
     /// assert!(t.is_empty());
     /// ```
     pub fn with_capacity(leaf_cap: usize, inner_cap: usize) -> Self {
-        BTree {
-            root: Arc::new(RwLock::new(new_leaf(None, None))),
+        let store = PageStore::new();
+        let root = store.alloc();
+        debug_assert_eq!(root, ROOT);
+        let t = BTree {
+            store,
             leaf_cap: leaf_cap.max(3),
             inner_cap: inner_cap.max(3),
             id: NEXT_TREE_ID.fetch_add(1, AtomicOrdering::Relaxed),
-            free: Mutex::new(Vec::new()),
+        };
+        let f = t.frame_of(ROOT);
+        f.latch.lock();
+        Node(f).write_image(&Image::leaf(None, None));
+        f.latch.unlock();
+        t
+    }
+
+    /// The frame of a page that a latched node or the tree itself names.
+    fn frame_of(&self, pid: PageId) -> &Frame {
+        match self.store.frame(pid) {
+            Some(f) => f,
+            None => unreachable!("page {pid} of a latched node has no frame"),
         }
     }
 
-    /// A node for `n`: a dead one from the free list if any (its latch is free or held only
-    /// briefly by a stale hint's check, which then sees the new contents), else a new one.
-    fn alloc(&self, n: Node) -> NodeRef {
-        let reused = self.free.lock().pop();
-        match reused {
-            Some(r) => {
-                *r.write() = n;
-                r
-            }
-            None => Arc::new(RwLock::new(n)),
-        }
-    }
-
-    /// Puts a node that is no longer reachable (already [`Node::Dead`]) on the free list.
-    fn retire(&self, n: NodeRef) {
-        debug_assert!(matches!(&*n.read(), Node::Dead));
-        self.free.lock().push(n);
-    }
-
-    /// Fewest entries of a leaf that is not underfull: a leaf that drops below merges with a
-    /// sibling when their entries fit in one leaf with room to spare.
-    fn min_leaf(&self) -> usize {
-        (self.leaf_cap / 4).max(1)
-    }
-
-    /// Fewest separators of an inner node that is not underfull.
-    fn min_inner(&self) -> usize {
-        (self.inner_cap / 4).max(1)
-    }
-
-    /// The hint for `leaf`, a node of this tree.
-    #[inline]
-    fn hint(&self, leaf: &RwLock<Node>) -> LeafHint {
+    fn hint(&self, page: PageId) -> LeafHint {
         LeafHint {
             tree: self.id,
-            leaf: NonNull::from(leaf),
+            page,
         }
     }
 
-    /// The node `hint` names, if it is a hint of this tree.
-    #[inline]
-    fn hinted_node(&self, hint: Option<LeafHint>) -> Option<&RwLock<Node>> {
-        let h = hint.filter(|h| h.tree == self.id)?;
-        // SAFETY: ids are unique per tree (`NEXT_TREE_ID`; a `BTree` is neither `Clone` nor
-        // rebuilt in place), so `h` was made by `self.hint` from a `&RwLock<Node>` that was a
-        // node of this tree (the root, or a node borrowed through `pin`). As the SAFETY
-        // comment on `pin` explains, no node is freed before its tree (a merged node stays
-        // allocated on the free list), and moving the `BTree` value does not move its nodes
-        // (each sits in its own `Arc` allocation). `&self` keeps the tree, hence the node,
-        // alive for the returned borrow. The node is only ever accessed through shared
-        // references (its latch provides the mutability); it may be dead or reused, which
-        // the callers check under its latch.
-        Some(unsafe { h.leaf.as_ref() })
+    /// Optimistic descent to the leaf for `t`: the leaf's page id, frame and version, and
+    /// its parent's frame and version (`None` for the root). `None` when a validation
+    /// failed (restart).
+    #[allow(clippy::type_complexity)]
+    fn descend(&self, t: Target<'_>) -> Option<(PageId, &Frame, u64, Option<(&Frame, u64)>)> {
+        let mut pid = ROOT;
+        let mut f = self.frame_of(ROOT);
+        let mut v = f.latch.optimistic();
+        let mut parent = None;
+        loop {
+            let n = Node(f);
+            match n.kind() {
+                KIND_LEAF => return Some((pid, f, v, parent)),
+                KIND_INNER => {}
+                _ => return None,
+            }
+            let i = match t {
+                Target::Key(p) => n.child_index(p),
+                Target::Below(p) => n.child_index_below(p),
+                Target::First => 0,
+            };
+            let c = n.child(i);
+            let cf = self.store.frame(c)?;
+            let cv = cf.latch.optimistic();
+            if !f.latch.validate(v) {
+                return None;
+            }
+            parent = Some((f, v));
+            (pid, f, v) = (c, cf, cv);
+        }
     }
 
-    /// A node of this tree, borrowed for as long as the tree: a descent can then latch a child
-    /// and release the parent without cloning the child's `Arc` (reference counting on the
-    /// upper levels is shared-cache-line traffic between all threads).
-    #[inline]
-    fn pin<'t>(&'t self, node: &NodeRef) -> &'t RwLock<Node> {
-        // SAFETY: `node` was read from a node of this tree under its latch. No node of a tree
-        // is ever dropped before the tree: a split moves the `Arc`s it splits off into the
-        // new sibling (`split_off`), a root split moves the root's old contents into a new
-        // child, a merge moves the `Arc`s of the dead node's children into the survivor and
-        // the dead node's own `Arc` onto the free list (`retire`), a root collapse moves the
-        // child's contents into the root and the child onto the free list, and a node leaves
-        // the free list only to be linked into the tree again (`alloc`). `Arc`s leave `seps`
-        // vectors only by moving. So the tree holds a strong reference to `node`'s allocation
-        // until the tree itself is dropped, which cannot happen while `&'t self` is borrowed.
-        // (The node may die while the borrow lasts; whoever latches it again through the
-        // borrow without its parent, hints only, checks for that.)
-        unsafe { &*Arc::as_ptr(node) }
+    /// The leaf for `p`, from `hint` if it holds (at a version to validate), else by descent.
+    fn find_leaf(&self, p: &Probe<'_>, hint: Option<LeafHint>) -> Option<(PageId, &Frame, u64)> {
+        if let Some(h) = hint.filter(|h| h.tree == self.id) {
+            if let Some(f) = self.store.frame(h.page) {
+                if let Some(v) = f.latch.try_optimistic() {
+                    let n = Node(f);
+                    if n.is_leaf() && n.covers(p) && f.latch.validate(v) {
+                        return Some((h.page, f, v));
+                    }
+                }
+            }
+        }
+        self.descend(Target::Key(p))
+            .map(|(pid, f, v, _)| (pid, f, v))
     }
 
-    /// Calls `f` with the record at `key` (ghosts included) under the leaf's read latch.
+    /// Copies `key`'s record at slot `found` of `n` into `value` (cleared first).
+    fn copy_record(&self, n: Node<'_>, found: Result<usize, usize>, value: &mut Vec<u8>) -> Copied {
+        value.clear();
+        match found {
+            Err(_) => Copied {
+                found: false,
+                ghost: false,
+                tid: 0,
+            },
+            Ok(i) => {
+                let m = n.meta(i);
+                if m.ovf {
+                    let mut r = Vec::with_capacity(OVF_REF);
+                    n.val_into(i, &mut r);
+                    // A failed chain read is a torn read: the caller's validation fails.
+                    let _ = overflow::read(&self.store, &r, value);
+                } else {
+                    n.val_into(i, value);
+                }
+                Copied {
+                    found: true,
+                    ghost: m.ghost,
+                    tid: n.word(i),
+                }
+            }
+        }
+    }
+
+    /// Calls `f` with the record at `key` (ghosts included), a validated copy.
     ///
     /// ```
     /// let t = shoal::storage::btree::BTree::new();
     /// assert!(t.get(b"k", |r| r.is_none()));
     /// ```
     pub fn get<R>(&self, key: &[u8], f: impl FnOnce(Option<&Record>) -> R) -> R {
-        self.get_descend(&Probe::new(key), f).0
+        self.get_hinted(key, None, f).0
     }
 
     /// Like [`get`](Self::get), and first tries the leaf `hint` names (see [`LeafHint`]);
@@ -624,43 +368,34 @@ impl BTree {
         hint: Option<LeafHint>,
         f: impl FnOnce(Option<&Record>) -> R,
     ) -> (R, LeafHint) {
-        let key = &Probe::new(key);
-        if let Some(node) = self.hinted_node(hint) {
-            let g = node.read();
-            if let Node::Leaf(l) = &*g {
-                if l.covers(key) {
-                    let r = l.read(key, f);
-                    return (r, self.hint(node));
-                }
-            }
-        }
-        let (r, leaf) = self.get_descend(key, f);
-        (r, self.hint(leaf))
-    }
-
-    /// [`get`](Self::get) from the root; also returns the leaf it ended in.
-    fn get_descend<R>(
-        &self,
-        key: &Probe<'_>,
-        f: impl FnOnce(Option<&Record>) -> R,
-    ) -> (R, &RwLock<Node>) {
-        let mut node: &RwLock<Node> = &self.root;
-        let mut g = node.read();
-        loop {
-            let child = match &*g {
-                Node::Leaf(l) => {
-                    let r = l.read(key, f);
-                    return (r, node);
-                }
-                Node::Inner(n) => self.pin(n.child(n.child_index(key))),
-                Node::Dead => unreachable_leaf(),
+        let p = Probe::new(key);
+        let mut rec = Record {
+            value: SCRATCH.with(Cell::take),
+            ghost: false,
+            tid: 0,
+        };
+        let mut hint = hint;
+        let (c, pid) = loop {
+            let Some((pid, fr, v)) = self.find_leaf(&p, hint) else {
+                continue;
             };
-            node = child;
-            g = child.read();
+            let n = Node(fr);
+            let c = self.copy_record(n, n.search(&p), &mut rec.value);
+            if fr.latch.validate(v) {
+                break (c, pid);
+            }
+            hint = None;
+        };
+        rec.ghost = c.ghost;
+        rec.tid = c.tid;
+        let r = f(c.found.then_some(&rec));
+        if rec.value.capacity() <= PAGE_SIZE {
+            SCRATCH.with(|s| s.set(rec.value));
         }
+        (r, self.hint(pid))
     }
 
-    /// Calls `f` with the slot of `key` under the leaf's write latch: `None` if absent.
+    /// Calls `f` with the slot of `key` under the leaf's exclusive latch: `None` if absent.
     /// Setting the slot to `Some` inserts, to `None` removes; `f` runs exactly once.
     ///
     /// ```
@@ -673,7 +408,8 @@ impl BTree {
     /// assert!(t.is_empty());
     /// ```
     pub fn update<R>(&self, key: &[u8], f: impl FnOnce(&mut Option<Record>) -> R) -> R {
-        self.update_with_prior(key, |slot, _| f(slot))
+        self.update_impl(&Probe::new(key), None, |slot, _| f(slot))
+            .0
     }
 
     /// Like [`update`](Self::update), and also tells `f` the greatest key below `key` (ghosts
@@ -686,16 +422,11 @@ impl BTree {
         key: &[u8],
         f: impl FnOnce(&mut Option<Record>, Option<Option<&[u8]>>) -> R,
     ) -> R {
-        self.update_descend(&Probe::new(key), f).0
+        self.update_impl(&Probe::new(key), None, f).0
     }
 
     /// Like [`update`](Self::update), and first tries the leaf `hint` names (see
     /// [`LeafHint`]); also returns the hint of the leaf that held the slot.
-    ///
-    /// The hinted leaf is used only if, under its write latch, it is still a leaf whose fences
-    /// hold `key`, and `f` cannot need a split (the leaf has room or `key` is there): then `f`
-    /// runs on exactly the slot a descent would have reached. Otherwise this descends as
-    /// [`update`](Self::update) does. `f` runs exactly once either way.
     ///
     /// ```
     /// use shoal::storage::btree::{BTree, Record};
@@ -710,263 +441,374 @@ impl BTree {
         hint: Option<LeafHint>,
         f: impl FnOnce(&mut Option<Record>) -> R,
     ) -> (R, LeafHint) {
-        let key = &Probe::new(key);
-        let f = |slot: &mut Option<Record>, _: Option<Option<&[u8]>>| f(slot);
-        let f = match self.hinted_node(hint) {
-            None => f,
-            Some(node) => {
-                let mut w = node.write();
-                match &mut *w {
-                    Node::Leaf(l) if l.covers(key) => {
-                        if !l.may_split(key, self.leaf_cap) {
-                            let (r, shrank) = self.apply(l, key, f);
-                            drop(w);
-                            if shrank {
-                                self.rebalance(key);
-                            }
-                            return (r, self.hint(node));
-                        }
-                        f
-                    }
-                    _ => f,
-                }
-            }
-        };
-        let (r, leaf) = self.update_descend(key, f);
-        (r, self.hint(leaf))
+        let (r, pid) = self.update_impl(&Probe::new(key), hint, |slot, _| f(slot));
+        (r, self.hint(pid))
     }
 
-    /// [`update_with_prior`](Self::update_with_prior) from the root; also returns the leaf it
-    /// ended in.
-    fn update_descend<R>(
-        &self,
-        key: &Probe<'_>,
-        f: impl FnOnce(&mut Option<Record>, Option<Option<&[u8]>>) -> R,
-    ) -> (R, &RwLock<Node>) {
-        let (r, leaf, shrank) = match self.update_optimistic(key, f) {
-            Ok(r) => r,
-            Err(f) => self.update_pessimistic(key, f),
-        };
-        // No latch is held here: merging takes its own, from the root down.
-        if shrank {
-            self.rebalance(key);
+    /// Whether `f` on `p`'s slot in `n` (exclusively latched) can do without a split.
+    fn room_for(&self, n: Node<'_>, p: &Probe<'_>) -> bool {
+        match n.search(p) {
+            // At most 16 bytes more: an overflow reference instead of a shorter value.
+            Ok(_) => n.free_total() >= 16,
+            Err(_) => n.count() < self.leaf_cap && n.free_total() >= max_entry(p.bytes.len()),
         }
-        (r, leaf)
     }
 
-    /// Runs `f` on `key`'s slot in `l`; also says whether it removed an entry and so left
-    /// the leaf empty or just below [`min_leaf`](Self::min_leaf) entries (then the caller
-    /// calls [`rebalance`](Self::rebalance) once it has released its latches). Only those
-    /// two crossings ask, so a leaf that cannot merge is not retried on every removal.
+    fn update_impl<R>(
+        &self,
+        p: &Probe<'_>,
+        hint: Option<LeafHint>,
+        f: impl FnOnce(&mut Option<Record>, Option<Option<&[u8]>>) -> R,
+    ) -> (R, PageId) {
+        let mut hint = hint;
+        // Optimistic: latch the leaf only.
+        loop {
+            let Some((pid, fr, v)) = self.find_leaf(p, hint) else {
+                continue;
+            };
+            if !fr.latch.try_upgrade(v) {
+                hint = None;
+                continue;
+            }
+            let n = Node(fr);
+            if !self.room_for(n, p) {
+                fr.latch.unlock_unchanged(v);
+                break;
+            }
+            match self.apply(n, p, f) {
+                Applied::Done(r, shrank) => {
+                    fr.latch.unlock();
+                    if shrank {
+                        self.rebalance(p);
+                    }
+                    return (r, pid);
+                }
+                Applied::Split(..) => unreachable!("room_for guarantees room for the entry"),
+            }
+        }
+        self.update_pessimistic(p, f)
+    }
+
+    /// Runs `f` on `p`'s slot in the exclusively latched leaf `n` and stores the result.
     fn apply<R>(
         &self,
-        l: &mut Leaf,
-        key: &Probe<'_>,
+        n: Node<'_>,
+        p: &Probe<'_>,
         f: impl FnOnce(&mut Option<Record>, Option<Option<&[u8]>>) -> R,
-    ) -> (R, bool) {
-        let found = l.search(key);
+    ) -> Applied<R> {
+        let found = n.search(p);
         let i = match found {
             Ok(i) | Err(i) => i,
         };
-        // Slot `i` is `key`'s (found or to be inserted): the key below it is at `i - 1`, or
-        // below the low fence (another leaf) unless this leaf starts at -infinity.
-        let starts_at_neg_inf = l.low.is_none();
-        let (below, rest) = l.ents.split_at_mut(i);
-        let prior = match below.last() {
-            Some(e) => Some(Some(&e.key[..])),
-            None if starts_at_neg_inf => Some(None),
+        let prior_key = (i > 0).then(|| n.key(i - 1));
+        let prior = match &prior_key {
+            Some(k) => Some(Some(&k[..])),
+            None if n.starts_at_neg_inf() => Some(None),
             None => None,
         };
-        match found {
-            Ok(_) => {
-                let e = &mut rest[0];
-                let mut slot = Some(std::mem::take(&mut e.rec));
-                let r = f(&mut slot, prior);
-                match slot {
-                    Some(rec) => {
-                        e.rec = rec;
-                        (r, false)
-                    }
-                    None => {
-                        l.remove(i);
-                        let n = l.ents.len();
-                        (r, n == 0 || n + 1 == self.min_leaf())
-                    }
-                }
+        let underfull_before = self.underfull(n);
+        let mut value = Vec::new();
+        let c = self.copy_record(n, found, &mut value);
+        let old_ref = match found {
+            Ok(i) if n.meta(i).ovf => {
+                let mut r = Vec::new();
+                n.val_into(i, &mut r);
+                Some((r, value.clone()))
             }
-            Err(i) => {
-                let mut slot = None;
-                let r = f(&mut slot, prior);
-                if let Some(rec) = slot {
-                    l.insert(
-                        i,
-                        Entry {
-                            key: Key::new(key.bytes),
-                            rec,
-                        },
-                    );
-                }
-                (r, false)
-            }
-        }
-    }
-
-    /// Read latches down to the leaf's parent, a write latch on the leaf. Gives `f` back when
-    /// the leaf is full and `key` absent (an insert could need a split).
-    #[allow(clippy::type_complexity)]
-    fn update_optimistic<R, F>(&self, key: &Probe<'_>, f: F) -> Result<(R, &RwLock<Node>, bool), F>
-    where
-        F: FnOnce(&mut Option<Record>, Option<Option<&[u8]>>) -> R,
-    {
-        let mut g = loop {
-            // The root may itself be the leaf, and may turn from inner node into leaf (a
-            // collapse, see `rebalance`) or back between any two of our latches.
-            let g = self.root.read();
-            if !matches!(&*g, Node::Leaf(_)) {
-                break g;
-            }
-            drop(g);
-            let mut w = self.root.write();
-            if let Node::Leaf(l) = &mut *w {
-                if l.may_split(key, self.leaf_cap) {
-                    return Err(f);
-                }
-                let (r, shrank) = self.apply(l, key, f);
-                return Ok((r, &self.root, shrank));
-            }
-            // It split between the two latches: descend normally.
+            _ => None,
         };
-        loop {
-            let (child, child_is_leaf) = match &*g {
-                Node::Inner(n) => (self.pin(n.child(n.child_index(key))), n.leaf_children),
-                // Only the root is ever a leaf above (handled before the loop), and a node we
-                // reach from a latched parent is live.
-                Node::Leaf(_) | Node::Dead => unreachable_leaf(),
-            };
-            if child_is_leaf {
-                // The parent's read latch keeps the leaf from splitting or merging until we
-                // hold its write latch.
-                let mut w = child.write();
-                drop(g);
-                let Node::Leaf(l) = &mut *w else {
-                    unreachable_leaf()
-                };
-                if l.may_split(key, self.leaf_cap) {
-                    return Err(f);
+        let mut slot = c.found.then_some(Record {
+            value,
+            ghost: c.ghost,
+            tid: c.tid,
+        });
+        let r = f(&mut slot, prior);
+        match (found, slot) {
+            (Err(_), None) => Applied::Done(r, false),
+            (Ok(i), None) => {
+                if let Some((oref, _)) = &old_ref {
+                    overflow::free(&self.store, oref);
                 }
-                let (r, shrank) = self.apply(l, key, f);
-                return Ok((r, child, shrank));
+                n.remove(i);
+                let shrank = n.count() == 0 || (!underfull_before && self.underfull(n));
+                Applied::Done(r, shrank)
             }
-            g = child.read();
+            (Ok(i), Some(rec)) => {
+                // Unchanged overflow value: keep the chain.
+                if let Some((oref, old)) = &old_ref {
+                    if *old == rec.value {
+                        let ok = n.replace_value(i, oref, true, rec.ghost, rec.tid);
+                        debug_assert!(ok);
+                        return Applied::Done(r, false);
+                    }
+                    overflow::free(&self.store, oref);
+                }
+                if !is_overflow_len(rec.value.len())
+                    && n.replace_value(i, &rec.value, false, rec.ghost, rec.tid)
+                {
+                    return Applied::Done(r, false);
+                }
+                let oref = overflow::write(&self.store, &rec.value);
+                if n.replace_value(i, &oref, true, rec.ghost, rec.tid) {
+                    return Applied::Done(r, false);
+                }
+                let key = n.key(i);
+                n.remove(i);
+                Applied::Split(
+                    r,
+                    i,
+                    Self::item(key, rec.tid, rec.ghost, oref.to_vec(), true),
+                )
+            }
+            (Err(i), Some(rec)) => {
+                let it = if is_overflow_len(rec.value.len()) {
+                    let oref = overflow::write(&self.store, &rec.value);
+                    Self::item(p.bytes.to_vec(), rec.tid, rec.ghost, oref.to_vec(), true)
+                } else {
+                    Self::item(p.bytes.to_vec(), rec.tid, rec.ghost, rec.value, false)
+                };
+                if n.count() < self.leaf_cap && n.insert(i, &it) {
+                    Applied::Done(r, false)
+                } else {
+                    Applied::Split(r, i, it)
+                }
+            }
         }
     }
 
-    /// Write-latch coupling with preemptive splits: every node entered has room for one more
-    /// entry, so at most a parent and a child are latched at a time.
+    fn item(key: Vec<u8>, word: u64, ghost: bool, val: Vec<u8>, ovf: bool) -> Item {
+        Item {
+            key,
+            word,
+            val,
+            ghost,
+            ovf,
+        }
+    }
+
+    /// Exclusive latch coupling from the root with preemptive splits of full inner nodes:
+    /// every inner node entered has room for one more separator, so the leaf's parent can
+    /// take the separator of a split after `f` ran.
     fn update_pessimistic<R>(
         &self,
-        key: &Probe<'_>,
+        p: &Probe<'_>,
         f: impl FnOnce(&mut Option<Record>, Option<Option<&[u8]>>) -> R,
-    ) -> (R, &RwLock<Node>, bool) {
-        let mut node: &RwLock<Node> = &self.root;
-        let mut g = node.write();
-        if self.is_full(&g) {
-            self.split_root(&mut g);
+    ) -> (R, PageId) {
+        let root = self.frame_of(ROOT);
+        let mut cur_v = root.latch.lock();
+        let rn = Node(root);
+        let mut cur_changed = false;
+        if (rn.is_leaf() && !self.room_for(rn, p)) || (!rn.is_leaf() && self.inner_full(rn)) {
+            self.split_root();
+            cur_changed = true;
         }
-        loop {
-            let (child, cg) = match &mut *g {
-                Node::Leaf(l) => {
-                    let (r, shrank) = self.apply(l, key, f);
-                    return (r, node, shrank);
-                }
-                Node::Dead => unreachable_leaf(),
-                Node::Inner(n) => {
-                    let i = n.child_index(key);
-                    let child = self.pin(n.child(i));
-                    let mut cg = child.write();
-                    if self.is_full(&cg) {
-                        let (sep, right) = self.split(&mut cg);
-                        n.insert_sep(i, Sep { key: sep, right });
-                        // Re-pick between the two halves.
-                        let j = n.child_index(key);
-                        if j != i {
-                            drop(cg);
-                            let other = self.pin(n.child(j));
-                            (other, other.write())
-                        } else {
-                            (child, cg)
-                        }
-                    } else {
-                        (child, cg)
-                    }
-                }
+        if rn.is_leaf() {
+            // The root leaf has room now.
+            let out = match self.apply(rn, p, f) {
+                Applied::Done(r, shrank) => (r, shrank),
+                Applied::Split(..) => unreachable!("a split root leaves room for the entry"),
             };
-            node = child;
-            g = cg;
-        }
-    }
-
-    fn is_full(&self, n: &Node) -> bool {
-        match n {
-            Node::Leaf(l) => l.ents.len() >= self.leaf_cap,
-            Node::Inner(n) => n.seps.len() >= self.inner_cap,
-            Node::Dead => false,
-        }
-    }
-
-    /// Splits a full node in place (it keeps the lower half); returns the separator and the
-    /// new right sibling.
-    fn split(&self, node: &mut Node) -> (Key, NodeRef) {
-        match node {
-            Node::Leaf(l) => {
-                let mid = l.ents.len() / 2;
-                let ents = l.ents.split_off(mid);
-                let heads = Heads(l.heads.0.split_off(mid));
-                let sep = ents[0].key.clone();
-                let right = Leaf {
-                    low: Some(sep.clone()),
-                    high: l.high.take(),
-                    heads,
-                    ents,
-                };
-                l.high = Some(sep.clone());
-                (sep, self.alloc(Node::Leaf(right)))
+            root.latch.unlock();
+            if out.1 {
+                self.rebalance(p);
             }
-            Node::Inner(n) => {
-                let mid = n.seps.len() / 2;
-                let mut seps = n.seps.split_off(mid);
-                n.heads.0.truncate(mid);
-                let Sep {
-                    key: up,
-                    right: first,
-                } = seps.remove(0);
-                let heads = Heads::of(seps.iter().map(|s| &s.key));
-                let right = Inner {
-                    low: Some(up.clone()),
-                    high: n.high.take(),
-                    first,
-                    heads,
-                    seps,
-                    leaf_children: n.leaf_children,
+            return (out.0, ROOT);
+        }
+        let mut cur = root;
+        loop {
+            let n = Node(cur);
+            let i = n.child_index(p);
+            let c = n.child(i);
+            let cf = self.frame_of(c);
+            let cv = cf.latch.lock();
+            let cn = Node(cf);
+            if cn.is_leaf() {
+                let (r, at, shrank) = match self.apply(cn, p, f) {
+                    Applied::Done(r, shrank) => (r, c, shrank),
+                    Applied::Split(r, j, it) => {
+                        cur_changed = true;
+                        (r, self.split_leaf(n, i, c, Some((j, it)), p), false)
+                    }
                 };
-                n.high = Some(up.clone());
-                (up, self.alloc(Node::Inner(right)))
+                cf.latch.unlock();
+                release(cur, cur_v, cur_changed);
+                if shrank {
+                    self.rebalance(p);
+                }
+                return (r, at);
             }
-            Node::Dead => unreachable_leaf(),
+            let (next, next_v, next_changed) = if self.inner_full(cn) {
+                let right = self.split_inner(n, i, cf);
+                cur_changed = true;
+                if n.child_index(p) != i {
+                    cf.latch.unlock();
+                    let rf = self.frame_of(right);
+                    let rv = rf.latch.lock();
+                    (rf, rv, false)
+                } else {
+                    (cf, cv, true)
+                }
+            } else {
+                (cf, cv, false)
+            };
+            release(cur, cur_v, cur_changed);
+            (cur, cur_v, cur_changed) = (next, next_v, next_changed);
         }
     }
 
-    /// Moves the full root's contents into two new children.
-    fn split_root(&self, root: &mut Node) {
-        let mut left = std::mem::replace(root, new_leaf(None, None));
-        let (sep, right) = self.split(&mut left);
-        *root = Node::Inner(Inner {
+    fn inner_full(&self, n: Node<'_>) -> bool {
+        n.count() >= self.inner_cap || n.free_total() < MAX_SEP
+    }
+
+    /// Where to split `items` (1..len): the left keeps everything before the new entry when
+    /// it is the greatest (`append`), else about half the bytes.
+    fn split_point(items: &[Item], append: bool) -> usize {
+        let n = items.len();
+        if append && n >= 2 {
+            return n - 1;
+        }
+        let total: usize = items.iter().map(Item::size).sum();
+        let mut acc = 0;
+        for (i, it) in items.iter().enumerate() {
+            acc += it.size();
+            if acc * 2 >= total {
+                return (i + 1).clamp(1, n - 1);
+            }
+        }
+        (n / 2).max(1)
+    }
+
+    /// A fresh page holding `img`.
+    fn new_page(&self, img: &Image) -> PageId {
+        let pid = self.store.alloc();
+        let f = self.frame_of(pid);
+        // Stale optimistic readers may be reading a reused page: latch it to change its
+        // version.
+        f.latch.lock();
+        Node(f).write_image(img);
+        f.latch.unlock();
+        pid
+    }
+
+    /// Splits leaf `leaf` (child `i` of the latched `parent`, which has room for a
+    /// separator), inserting `pending` (slot, entry); returns the page that holds `p` now.
+    fn split_leaf(
+        &self,
+        parent: Node<'_>,
+        i: usize,
+        leaf: PageId,
+        pending: Option<(usize, Item)>,
+        p: &Probe<'_>,
+    ) -> PageId {
+        let lf = self.frame_of(leaf);
+        let mut img = Node(lf).image();
+        let mut append = false;
+        if let Some((j, it)) = pending {
+            append = j == img.items.len();
+            img.items.insert(j, it);
+        }
+        let mut s = Self::split_point(&img.items, append);
+        let fits = |img: &Image, s: usize| {
+            let sep = &img.items[s].key;
+            let l: usize = img.items[..s].iter().map(Item::size).sum();
+            let r: usize = img.items[s..].iter().map(Item::size).sum();
+            let fence = |k: &Option<Vec<u8>>| k.as_ref().map_or(0, |k| pad8(k.len()));
+            let lfix = HDR_BYTES + fence(&img.low) + pad8(sep.len());
+            let rfix = HDR_BYTES + fence(&img.high) + pad8(sep.len());
+            l + lfix <= PAGE_SIZE
+                && r + rfix <= PAGE_SIZE
+                && s <= self.leaf_cap
+                && img.items.len() - s <= self.leaf_cap
+        };
+        if !fits(&img, s) {
+            s = (1..img.items.len())
+                .find(|&s| fits(&img, s))
+                .unwrap_or_else(|| unreachable!("some split of a leaf fits"));
+        }
+        let right_items = img.items.split_off(s);
+        let sep = right_items[0].key.clone();
+        let right = Image {
+            kind: KIND_LEAF,
+            leaf_children: false,
+            low: Some(sep.clone()),
+            high: img.high.take(),
+            first: super::page::NO_PAGE,
+            items: right_items,
+        };
+        img.high = Some(sep.clone());
+        let rp = self.new_page(&right);
+        Node(lf).write_image(&img);
+        let ok = parent.insert(i, &Self::item(sep.clone(), rp, false, Vec::new(), false));
+        debug_assert!(ok, "the parent has room for a separator");
+        if sep.as_slice() <= p.bytes {
+            rp
+        } else {
+            leaf
+        }
+    }
+
+    /// Splits the full inner node `child` (child `i` of the latched `parent`, both
+    /// exclusively latched); returns the new right sibling.
+    fn split_inner(&self, parent: Node<'_>, i: usize, child: &Frame) -> PageId {
+        let (left, up, right) = Self::halve_inner(Node(child).image());
+        let rp = self.new_page(&right);
+        Node(child).write_image(&left);
+        let ok = parent.insert(i, &Self::item(up, rp, false, Vec::new(), false));
+        debug_assert!(ok, "the parent has room for a separator");
+        rp
+    }
+
+    /// Splits an inner node's image into left, the separator that goes up, and right.
+    fn halve_inner(mut img: Image) -> (Image, Vec<u8>, Image) {
+        let s = Self::split_point(&img.items, false)
+            .min(img.items.len().saturating_sub(2))
+            .max(1);
+        let mut rest = img.items.split_off(s);
+        let up = rest.remove(0);
+        let right = Image {
+            kind: KIND_INNER,
+            leaf_children: img.leaf_children,
+            low: Some(up.key.clone()),
+            high: img.high.take(),
+            first: up.word,
+            items: rest,
+        };
+        img.high = Some(up.key.clone());
+        (img, up.key, right)
+    }
+
+    /// Moves the latched root's contents into two new children.
+    fn split_root(&self) {
+        let root = Node(self.frame_of(ROOT));
+        let img = root.image();
+        let was_leaf = img.kind == KIND_LEAF;
+        let (left, sep, right) = if was_leaf {
+            let mut img = img;
+            let s = Self::split_point(&img.items, false);
+            let right_items = img.items.split_off(s);
+            let sep = right_items[0].key.clone();
+            let right = Image {
+                kind: KIND_LEAF,
+                leaf_children: false,
+                low: Some(sep.clone()),
+                high: None,
+                first: super::page::NO_PAGE,
+                items: right_items,
+            };
+            img.high = Some(sep.clone());
+            (img, sep, right)
+        } else {
+            Self::halve_inner(img)
+        };
+        let lp = self.new_page(&left);
+        let rp = self.new_page(&right);
+        root.write_image(&Image {
+            kind: KIND_INNER,
+            leaf_children: was_leaf,
             low: None,
             high: None,
-            heads: Heads(vec![sep.prefix()]),
-            seps: vec![Sep { key: sep, right }],
-            leaf_children: matches!(left, Node::Leaf(_)),
-            first: self.alloc(left),
+            first: lp,
+            items: vec![Self::item(sep, rp, false, Vec::new(), false)],
         });
     }
 
@@ -980,37 +822,33 @@ impl BTree {
     /// assert_eq!(t.predecessor(b"m"), None);
     /// ```
     pub fn predecessor(&self, key: &[u8]) -> Option<Vec<u8>> {
-        let mut target: Option<Key> = None;
+        let mut target = key.to_vec();
         loop {
-            let t = Probe::new(target.as_ref().map_or(key, |k| k.bytes()));
-            // Descend to the leaf that holds `target`'s position.
-            let mut g = self.root.read();
-            let next_target = loop {
-                let child = match &*g {
-                    Node::Leaf(l) => {
-                        let p = l.lower_bound(&t);
-                        if p > 0 {
-                            return Some(l.ents[p - 1].key.to_vec());
-                        }
-                        // Nothing below `target` here: look below the low fence.
-                        match &l.low {
-                            None => return None,
-                            Some(low) => break low.clone(),
-                        }
-                    }
-                    // The child whose keys end just below `target` (a separator equal to
-                    // `target` sends us left).
-                    Node::Inner(n) => self.pin(n.child(n.child_index_below(&t))),
-                    Node::Dead => unreachable_leaf(),
-                };
-                g = child.read();
+            let t = Probe::new(&target);
+            let Some((_, f, v, _)) = self.descend(Target::Below(&t)) else {
+                continue;
             };
-            target = Some(next_target);
+            let n = Node(f);
+            let i = n.lower_bound(&t);
+            // The key below, or else the low fence to search below next.
+            let res = if i > 0 {
+                Ok(n.key(i - 1))
+            } else {
+                Err(n.fence(true))
+            };
+            if !f.latch.validate(v) {
+                continue;
+            }
+            match res {
+                Ok(k) => return Some(k),
+                Err(Some(low)) => target = low,
+                Err(None) => return None,
+            }
         }
     }
 
     /// Up to `limit` entries with keys within (`lo`, `hi`), ascending, ghosts included.
-    /// Atomic per leaf, not across leaves.
+    /// Atomic per leaf (a validated copy of each), not across leaves.
     ///
     /// ```
     /// use shoal::storage::btree::{BTree, Record};
@@ -1030,57 +868,102 @@ impl BTree {
         limit: usize,
     ) -> Vec<(Vec<u8>, Record)> {
         let mut out = Vec::new();
-        let mut from: Bound<Key> = lo.map(Key::new);
-        let hi = hi.map(Probe::new);
-        let below_hi = |k: &Key| match &hi {
+        let mut from: Bound<Vec<u8>> = lo.map(<[u8]>::to_vec);
+        let below_hi = |k: &[u8]| match hi {
             Bound::Unbounded => true,
-            Bound::Included(h) => k.le(h),
-            Bound::Excluded(h) => k.lt(h),
+            Bound::Included(h) => k <= h,
+            Bound::Excluded(h) => k < h,
         };
+        let mut batch: Vec<(Vec<u8>, Record)> = Vec::new();
         while out.len() < limit {
-            let from_probe = match &from {
-                Bound::Unbounded => Bound::Unbounded,
-                Bound::Included(k) => Bound::Included(Probe::new(k.bytes())),
-                Bound::Excluded(k) => Bound::Excluded(Probe::new(k.bytes())),
+            let fp = match &from {
+                Bound::Unbounded => None,
+                Bound::Included(k) | Bound::Excluded(k) => Some(Probe::new(k)),
             };
-            let mut g = self.root.read();
-            let next = loop {
-                let child = match &*g {
-                    Node::Leaf(l) => {
-                        let start = match &from_probe {
-                            Bound::Unbounded => 0,
-                            Bound::Included(k) => l.lower_bound(k),
-                            Bound::Excluded(k) => l.upper_bound(k),
-                        };
-                        for e in &l.ents[start..] {
-                            if out.len() >= limit {
-                                return out;
-                            }
-                            if !below_hi(&e.key) {
-                                return out;
-                            }
-                            out.push((e.key.to_vec(), e.rec.clone()));
-                        }
-                        match &l.high {
-                            None => return out,
-                            Some(h) if !below_hi(h) => return out,
-                            Some(h) => break h.clone(),
-                        }
-                    }
-                    Node::Inner(n) => {
-                        let i = match &from_probe {
-                            Bound::Unbounded => 0,
-                            Bound::Included(k) | Bound::Excluded(k) => n.child_index(k),
-                        };
-                        self.pin(n.child(i))
-                    }
-                    Node::Dead => unreachable_leaf(),
-                };
-                g = child.read();
+            let t = match &fp {
+                None => Target::First,
+                Some(p) => Target::Key(p),
             };
-            from = Bound::Included(next);
+            let Some((_, f, v, _)) = self.descend(t) else {
+                continue;
+            };
+            let n = Node(f);
+            let start = match (&from, &fp) {
+                (Bound::Included(_), Some(p)) => n.lower_bound(p),
+                (Bound::Excluded(_), Some(p)) => n.upper_bound(p),
+                _ => 0,
+            };
+            batch.clear();
+            let mut done = false;
+            for i in start..n.count() {
+                if out.len() + batch.len() >= limit {
+                    done = true;
+                    break;
+                }
+                let k = n.key(i);
+                if !below_hi(&k) {
+                    done = true;
+                    break;
+                }
+                let mut value = Vec::new();
+                let c = self.copy_record(n, Ok(i), &mut value);
+                batch.push((
+                    k,
+                    Record {
+                        value,
+                        ghost: c.ghost,
+                        tid: c.tid,
+                    },
+                ));
+            }
+            let high = n.fence(false);
+            if !f.latch.validate(v) {
+                continue;
+            }
+            out.append(&mut batch);
+            if done {
+                break;
+            }
+            match high {
+                None => break,
+                Some(h) if !below_hi(&h) => break,
+                Some(h) => from = Bound::Included(h),
+            }
         }
         out
+    }
+
+    /// Visits every node top-down under exclusive latch coupling (a node stays latched while
+    /// its children are visited): `visit(frame, pid, depth, low, high)`.
+    fn walk(
+        &self,
+        pid: PageId,
+        depth: usize,
+        low: Option<&[u8]>,
+        high: Option<&[u8]>,
+        visit: &mut Visit<'_>,
+    ) -> Result<(), String> {
+        let f = self.frame_of(pid);
+        let v = f.latch.lock();
+        let n = Node(f);
+        let mut r = visit(n, pid, depth, low, high);
+        if r.is_ok() && n.kind() == KIND_INNER {
+            let seps: Vec<Vec<u8>> = (0..n.count()).map(|i| n.key(i)).collect();
+            for c in 0..=n.count() {
+                let cl = if c == 0 { low } else { Some(&seps[c - 1][..]) };
+                let ch = if c == n.count() {
+                    high
+                } else {
+                    Some(&seps[c][..])
+                };
+                r = self.walk(n.child(c), depth + 1, cl, ch, visit);
+                if r.is_err() {
+                    break;
+                }
+            }
+        }
+        f.latch.unlock_unchanged(v);
+        r
     }
 
     /// Number of entries, ghosts included (walks the whole tree).
@@ -1089,14 +972,7 @@ impl BTree {
     /// assert_eq!(shoal::storage::btree::BTree::new().len(), 0);
     /// ```
     pub fn len(&self) -> usize {
-        fn walk(n: &NodeRef) -> usize {
-            match &*n.read() {
-                Node::Leaf(l) => l.ents.len(),
-                Node::Inner(i) => i.children().map(walk).sum(),
-                Node::Dead => 0,
-            }
-        }
-        walk(&self.root)
+        self.stats().entries
     }
 
     /// True when the tree holds no entries.
@@ -1108,41 +984,7 @@ impl BTree {
         self.len() == 0
     }
 
-    /// Checks ordering, fence keys and separators and that all leaves have the same depth;
-    /// describes the first violation. Takes read latches, so it may run concurrently.
-    ///
-    /// ```
-    /// assert!(shoal::storage::btree::BTree::new().check_invariants().is_ok());
-    /// ```
-    pub fn check_invariants(&self) -> Result<(), String> {
-        let root = self.root.read();
-        let (low, high) = match &*root {
-            Node::Leaf(l) => (&l.low, &l.high),
-            Node::Inner(n) => (&n.low, &n.high),
-            Node::Dead => return Err("the root is dead".into()),
-        };
-        if low.is_some() || high.is_some() {
-            return Err("the root's fences must be -inf and +inf".into());
-        }
-        drop(root);
-        let mut leaf_depth = None;
-        let mut live = std::collections::HashSet::new();
-        self.check_node(&self.root, None, None, 0, &mut leaf_depth, &mut live)?;
-        // The free list: dead nodes only, none of them reachable. (Copied first, so that no
-        // latch is taken under the list's mutex.)
-        let free: Vec<NodeRef> = self.free.lock().clone();
-        for n in &free {
-            if !matches!(&*n.read(), Node::Dead) {
-                return Err("a node on the free list is not dead".into());
-            }
-            if live.contains(&Arc::as_ptr(n)) {
-                return Err("a node on the free list is reachable".into());
-            }
-        }
-        Ok(())
-    }
-
-    /// Counts the nodes and entries (read latches, one node at a time below its parent).
+    /// Counts the nodes, entries and pages (latching one path at a time).
     ///
     /// ```
     /// use shoal::storage::btree::{BTree, Record};
@@ -1158,973 +1000,311 @@ impl BTree {
     /// assert_eq!((s.entries, s.leaves, s.height), (0, 1, 1));
     /// ```
     pub fn stats(&self) -> TreeStats {
-        fn walk(n: &NodeRef, depth: usize, s: &mut TreeStats) {
+        let mut s = TreeStats::default();
+        let _ = self.walk(ROOT, 1, None, None, &mut |n, _, depth, _, _| {
             s.height = s.height.max(depth);
-            match &*n.read() {
-                Node::Leaf(l) => {
-                    s.leaves += 1;
-                    s.entries += l.ents.len();
-                    s.ghosts += l.ents.iter().filter(|e| e.rec.ghost).count();
-                    s.empty_leaves += usize::from(l.ents.is_empty());
-                }
-                Node::Inner(i) => {
-                    s.inner += 1;
-                    for c in i.children() {
-                        walk(c, depth + 1, s);
+            if n.is_leaf() {
+                s.leaves += 1;
+                let c = n.count();
+                s.entries += c;
+                s.empty_leaves += usize::from(c == 0);
+                for i in 0..c {
+                    let m = n.meta(i);
+                    s.ghosts += usize::from(m.ghost);
+                    if m.ovf {
+                        let mut r = Vec::new();
+                        n.val_into(i, &mut r);
+                        s.overflow += overflow::pages(&self.store, &r).len();
                     }
                 }
-                Node::Dead => {}
+            } else {
+                s.inner += 1;
             }
-        }
-        let mut s = TreeStats::default();
-        walk(&self.root, 1, &mut s);
-        s.free = self.free.lock().len();
+            Ok(())
+        });
+        s.free = self.store.pages_free();
+        s.pages = self.store.pages_in_use();
+        s.bytes = s.pages * PAGE_SIZE;
         s
     }
 
-    /// Merges underfull nodes on the path to `key`, after a removal left its leaf empty or
-    /// underfull: write-latch coupling from the root, as preemptive splits descend.
+    /// Checks ordering, fence keys, separators, heads, page accounting and that all leaves
+    /// have the same depth; describes the first violation. Latches (exclusively, top-down),
+    /// so it may run concurrently.
     ///
-    /// At each inner node (write-latched) the child on the path is latched; if it is
-    /// underfull and it and its right sibling (or else its left one) fit in one node, the
-    /// right one's contents move into the left one, whose high fence becomes the right one's,
-    /// the parent drops the separator between them, and the right node becomes
-    /// [`Node::Dead`] and goes to the free list, all under the write latches of the parent
-    /// and both children. A descent or scan never sees a half-merged pair (it holds the
-    /// parent's latch while it moves to a child), and a hinted access latches one node and
-    /// finds it dead or a live leaf with its up-to-date fences. The root, when it is an inner
-    /// node with a single child, takes that child's contents (the tree gets one level
-    /// shorter). Latch order stays parent before child; two siblings are latched together
-    /// only under their parent's write latch, which excludes every other multi-node holder.
-    ///
-    /// A merge lower down can leave a node above underfull (or the root with one child)
-    /// after the pass went by; then the pass runs again, at most once per level.
-    fn rebalance(&self, key: &Probe<'_>) {
-        while self.rebalance_pass(key) {}
-    }
-
-    /// One top-down pass of [`rebalance`](Self::rebalance); true when a merge left its
-    /// parent underfull, so that another pass should look again.
-    fn rebalance_pass(&self, key: &Probe<'_>) -> bool {
-        let mut g = self.root.write();
-        loop {
-            let Node::Inner(n) = &mut *g else {
-                return false; // a leaf root has nothing to merge with
-            };
-            if !n.seps.is_empty() {
-                break;
+    /// ```
+    /// assert!(shoal::storage::btree::BTree::new().check_invariants().is_ok());
+    /// ```
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let mut leaf_depth = None;
+        let mut live = std::collections::HashSet::new();
+        let (leaf_cap, inner_cap) = (self.leaf_cap, self.inner_cap);
+        self.walk(ROOT, 0, None, None, &mut |n, pid, depth, low, high| {
+            if !live.insert(pid) {
+                return Err(format!("page {pid} is reachable twice"));
             }
-            // A single child: its fences are the root's (-inf, +inf), so its contents can
-            // become the root's as they are.
-            let mut cg = self.pin(&n.first).write();
-            let contents = std::mem::replace(&mut *cg, Node::Dead);
-            drop(cg);
-            let Node::Inner(old) = std::mem::replace(&mut *g, contents) else {
-                unreachable_leaf()
-            };
-            self.retire(old.first);
-        }
-        let mut again = false;
-        loop {
-            let Node::Inner(n) = &mut *g else {
-                unreachable_leaf()
-            };
-            let leaf_children = n.leaf_children;
-            let i = n.child_index(key);
-            let child = self.pin(n.child(i));
-            let cg = child.write();
-            let next = if self.underfull(&cg) {
-                let before = n.seps.len();
-                let next = self.merge_child(n, i, cg);
-                again |= n.seps.len() < before && n.seps.len() < self.min_inner();
-                next
-            } else {
-                cg
-            };
-            if leaf_children {
-                return again;
+            let kind = n.kind();
+            if kind != KIND_LEAF && kind != KIND_INNER {
+                return Err(format!("page {pid} of kind {kind} is reachable as a node"));
             }
-            g = next;
-        }
-    }
-
-    /// What holds once every removal's `rebalance` has run (no concurrent writer): an empty
-    /// leaf is the root or its parent's only child. Test-only.
-    #[cfg(test)]
-    fn check_compact(&self) -> Result<(), String> {
-        fn walk(n: &NodeRef) -> Result<(), String> {
-            if let Node::Inner(i) = &*n.read() {
-                for c in i.children() {
-                    if let Node::Leaf(l) = &*c.read() {
-                        if l.ents.is_empty() && !i.seps.is_empty() {
-                            return Err(format!("an empty leaf at {:?} has a sibling", l.low));
+            let (nl, nh) = (n.fence(true), n.fence(false));
+            if nl.as_deref() != low || nh.as_deref() != high {
+                return Err(format!(
+                    "fences {nl:?}..{nh:?} differ from the parent's separators {low:?}..{high:?}"
+                ));
+            }
+            let keys: Vec<Vec<u8>> = (0..n.count()).map(|i| n.key(i)).collect();
+            if keys.windows(2).any(|w| w[0] >= w[1]) {
+                return Err(format!("page {pid}: keys out of order"));
+            }
+            let within = |k: &[u8]| low.is_none_or(|l| k >= l) && high.is_none_or(|h| k < h);
+            if let Some(k) = keys.iter().find(|k| !within(k)) {
+                return Err(format!("page {pid}: key {k:?} outside its fences"));
+            }
+            if (0..keys.len()).any(|i| n.head(i) != super::node::head_of(&keys[i])) {
+                return Err(format!("page {pid}: a slot's head differs from its key"));
+            }
+            let img = n.image();
+            if img.size() != n.bytes_used() {
+                return Err(format!(
+                    "page {pid}: {} bytes accounted, {} in the entries",
+                    n.bytes_used(),
+                    img.size()
+                ));
+            }
+            if n.is_leaf() {
+                if n.count() > leaf_cap {
+                    return Err("overfull leaf".into());
+                }
+                for (i, it) in img.items.iter().enumerate() {
+                    if it.ovf {
+                        let mut v = Vec::new();
+                        if !overflow::read(&self.store, &it.val, &mut v) {
+                            return Err(format!("page {pid}: slot {i}'s overflow chain is broken"));
                         }
+                        for o in overflow::pages(&self.store, &it.val) {
+                            if !live.insert(o) {
+                                return Err(format!("overflow page {o} is reachable twice"));
+                            }
+                        }
+                    } else if is_overflow_len(it.val.len()) {
+                        return Err(format!("page {pid}: an inline value is too long"));
                     }
-                    walk(c)?;
+                }
+                match leaf_depth {
+                    None => leaf_depth = Some(depth),
+                    Some(d) if d != depth => return Err("leaves at different depths".into()),
+                    _ => {}
+                }
+            } else {
+                if n.count() > inner_cap {
+                    return Err("overfull inner node".into());
+                }
+                for c in 0..=n.count() {
+                    let Some(cf) = self.store.frame(n.child(c)) else {
+                        return Err(format!("page {pid}: child {c} is no page"));
+                    };
+                    if Node(cf).is_leaf() != n.leaf_children() {
+                        return Err("inner node: leaf_children does not match its children".into());
+                    }
                 }
             }
             Ok(())
-        }
-        walk(&self.root)
-    }
-
-    fn underfull(&self, n: &Node) -> bool {
-        match n {
-            Node::Leaf(l) => l.ents.len() < self.min_leaf(),
-            Node::Inner(i) => i.seps.len() < self.min_inner(),
-            Node::Dead => false,
-        }
-    }
-
-    /// Whether nodes of these sizes (entries, or separators) merge into one of `a + b +
-    /// extra` (`extra` is 1 for inner nodes: their separator comes down): it must fit, with a
-    /// quarter to spare so that a few inserts do not split it again at once, unless one of
-    /// them is empty (an empty leaf, or an inner node with one child, always goes if it fits).
-    fn fits(a: usize, b: usize, extra: usize, cap: usize) -> bool {
-        let n = a + b + extra;
-        n <= cap && (a == 0 || b == 0 || n <= cap - cap / 4)
-    }
-
-    /// Merges child `i` of `n` (write-latched as `cg`) with a sibling if they fit; returns
-    /// the write guard of the node that now holds child `i`'s key range.
-    fn merge_child<'t>(
-        &'t self,
-        n: &mut Inner,
-        i: usize,
-        mut cg: parking_lot::RwLockWriteGuard<'t, Node>,
-    ) -> parking_lot::RwLockWriteGuard<'t, Node> {
-        // Right sibling first: `cg` stays the survivor.
-        if i < n.seps.len() {
-            let mut rg = self.pin(&n.seps[i].right).write();
-            if self.merge_pair(&mut cg, &mut rg, &n.seps[i].key) {
-                drop(rg);
-                let sep = n.remove_sep(i);
-                self.retire(sep.right);
-                return cg;
+        })?;
+        for pid in self.store.free_list() {
+            if live.contains(&pid) {
+                return Err(format!("free page {pid} is reachable"));
+            }
+            if self
+                .store
+                .frame(pid)
+                .is_some_and(|f| Node(f).kind() != KIND_FREE)
+            {
+                return Err(format!("free page {pid} is not marked free"));
             }
         }
-        if i > 0 {
-            let mut lg = self.pin(n.child(i - 1)).write();
-            if self.merge_pair(&mut lg, &mut cg, &n.seps[i - 1].key) {
-                drop(cg);
-                let sep = n.remove_sep(i - 1);
-                self.retire(sep.right);
-                return lg;
-            }
-        }
-        cg
-    }
-
-    /// Moves `right`'s contents into `left` (adjacent siblings, `sep` the separator between
-    /// them) if they fit; `right` becomes dead. Both write-latched, and their parent too.
-    fn merge_pair(&self, left: &mut Node, right: &mut Node, sep: &Key) -> bool {
-        match (&mut *left, &mut *right) {
-            (Node::Leaf(l), Node::Leaf(r)) => {
-                if !Self::fits(l.ents.len(), r.ents.len(), 0, self.leaf_cap) {
-                    return false;
-                }
-                l.ents.append(&mut r.ents);
-                l.heads.0.append(&mut r.heads.0);
-                l.high = r.high.take();
-            }
-            (Node::Inner(l), Node::Inner(r)) => {
-                // The separator comes down between the two children lists.
-                if !Self::fits(l.seps.len(), r.seps.len(), 1, self.inner_cap) {
-                    return false;
-                }
-                let first = std::mem::replace(&mut r.first, Arc::clone(&l.first));
-                l.insert_sep(
-                    l.seps.len(),
-                    Sep {
-                        key: sep.clone(),
-                        right: first,
-                    },
-                );
-                l.seps.append(&mut r.seps);
-                l.heads.0.append(&mut r.heads.0);
-                l.high = r.high.take();
-            }
-            _ => unreachable_leaf(),
-        }
-        *right = Node::Dead;
-        true
-    }
-
-    fn check_node(
-        &self,
-        n: &NodeRef,
-        low: Option<&[u8]>,
-        high: Option<&[u8]>,
-        depth: usize,
-        leaf_depth: &mut Option<usize>,
-        live: &mut std::collections::HashSet<*const RwLock<Node>>,
-    ) -> Result<(), String> {
-        if !live.insert(Arc::as_ptr(n)) {
-            return Err("a node is reachable twice".into());
-        }
-        let g = n.read();
-        let (nl, nh) = match &*g {
-            Node::Leaf(l) => (&l.low, &l.high),
-            Node::Inner(i) => (&i.low, &i.high),
-            Node::Dead => return Err("a dead node is reachable".into()),
-        };
-        if nl.as_deref() != low || nh.as_deref() != high {
+        if live.len() != self.store.pages_in_use() {
             return Err(format!(
-                "fences {nl:?}..{nh:?} differ from the parent's separators {low:?}..{high:?}"
+                "{} pages reachable, {} in use (a page leaked)",
+                live.len(),
+                self.store.pages_in_use()
             ));
         }
-        let within = |k: &[u8]| low.is_none_or(|l| k >= l) && high.is_none_or(|h| k < h);
-        let (keys, heads): (Vec<&Key>, _) = match &*g {
-            Node::Leaf(l) => (l.ents.iter().map(|e| &e.key).collect(), &l.heads),
-            Node::Inner(i) => (i.seps.iter().map(|s| &s.key).collect(), &i.heads),
-            Node::Dead => unreachable_leaf(),
+        Ok(())
+    }
+
+    /// Whether a node counts as underfull (a merge candidate).
+    fn underfull(&self, n: Node<'_>) -> bool {
+        let cap = if n.is_leaf() {
+            self.leaf_cap
+        } else {
+            self.inner_cap
         };
-        if !heads.0.iter().copied().eq(keys.iter().map(|k| k.prefix())) {
-            return Err("a node's key heads differ from its keys".into());
+        if cap != usize::MAX {
+            n.count() < (cap / 4).max(1)
+        } else {
+            n.bytes_used() < PAGE_SIZE / 4
         }
-        if let Some(k) = keys
-            .iter()
-            .copied()
-            .chain(nl)
-            .chain(nh)
-            .find(|k| !k.well_formed())
-        {
-            return Err(format!("key {k:?} is not stored in its canonical form"));
+    }
+
+    /// Whether a merged image fits: within the page and the slot capacity, with a quarter to
+    /// spare unless one side was empty.
+    fn fits(&self, merged: &Image, one_empty: bool) -> bool {
+        let cap = if merged.kind == KIND_LEAF {
+            self.leaf_cap
+        } else {
+            self.inner_cap
+        };
+        let n = merged.items.len();
+        let size = merged.size();
+        if size > PAGE_SIZE || n > cap {
+            return false;
         }
-        match &*g {
-            Node::Leaf(l) => {
-                if l.ents.len() > self.leaf_cap {
-                    return Err("overfull leaf".into());
-                }
-                if keys.windows(2).any(|w| w[0][..] >= w[1][..]) {
-                    return Err("leaf keys out of order".into());
-                }
-                if let Some(k) = keys.iter().find(|k| !within(k)) {
-                    return Err(format!("key {k:?} outside its leaf's fences"));
-                }
-                match leaf_depth {
-                    None => *leaf_depth = Some(depth),
-                    Some(d) if *d != depth => return Err("leaves at different depths".into()),
-                    _ => {}
-                }
-                Ok(())
+        if one_empty {
+            return true;
+        }
+        if cap != usize::MAX {
+            n <= cap - cap / 4
+        } else {
+            size <= PAGE_SIZE - PAGE_SIZE / 4
+        }
+    }
+
+    /// Merges underfull nodes on the path to `p`, after a removal left its leaf empty or
+    /// underfull: exclusive latch coupling from the root, as preemptive splits descend.
+    ///
+    /// At each inner node (latched) the child on the path is latched; if it is underfull and
+    /// it and its right sibling (or else its left one) fit in one page, the right one's
+    /// contents move into the left one, whose high fence becomes the right one's, the parent
+    /// drops the separator between them, and the right page is cleared (kind free, a new
+    /// version) and freed, all under the latches of the parent and both children. An
+    /// optimistic reader that was in either child fails its validation; one that read the
+    /// parent before fails at the parent. The root, when it is an inner node with a single
+    /// child, takes that child's contents (the tree gets one level shorter). Latch order
+    /// stays parent before child; two siblings are latched together only under their
+    /// parent's latch, which excludes every other multi-page holder.
+    ///
+    /// A merge lower down can leave a node above underfull (or the root with one child)
+    /// after the pass went by; then the pass runs again, at most once per level.
+    fn rebalance(&self, p: &Probe<'_>) {
+        while self.rebalance_pass(p) {}
+    }
+
+    fn rebalance_pass(&self, p: &Probe<'_>) -> bool {
+        let root = self.frame_of(ROOT);
+        root.latch.lock();
+        let rn = Node(root);
+        loop {
+            if rn.is_leaf() {
+                root.latch.unlock();
+                return false;
             }
-            Node::Inner(i) => {
-                if keys.windows(2).any(|w| w[0][..] >= w[1][..]) {
-                    return Err("separators out of order".into());
-                }
-                if let Some(k) = keys.iter().find(|k| !within(k)) {
-                    return Err(format!("separator {k:?} outside its node's fences"));
-                }
-                for (c, child) in i.children().enumerate() {
-                    if matches!(&*child.read(), Node::Leaf(_)) != i.leaf_children {
-                        return Err("inner node: leaf_children does not match its children".into());
-                    }
-                    let cl = if c == 0 {
-                        low
-                    } else {
-                        Some(&i.seps[c - 1].key[..])
-                    };
-                    let ch = if c == i.seps.len() {
-                        high
-                    } else {
-                        Some(&i.seps[c].key[..])
-                    };
-                    self.check_node(child, cl, ch, depth + 1, leaf_depth, live)?;
-                }
-                Ok(())
+            if rn.count() > 0 {
+                break;
             }
-            Node::Dead => unreachable_leaf(),
+            // A single child: its fences are the root's (-inf, +inf).
+            let c = rn.child(0);
+            let cf = self.frame_of(c);
+            cf.latch.lock();
+            let img = Node(cf).image();
+            Node(cf).clear();
+            cf.latch.unlock();
+            rn.write_image(&img);
+            self.store.free(c);
         }
+        let mut again = false;
+        let mut cur = root;
+        loop {
+            let n = Node(cur);
+            let leaf_children = n.leaf_children();
+            let i = n.child_index(p);
+            let cf = self.frame_of(n.child(i));
+            cf.latch.lock();
+            let next = if self.underfull(Node(cf)) {
+                let before = n.count();
+                let next = self.merge_child(n, i, cf);
+                again |= n.count() < before && self.underfull(n);
+                next
+            } else {
+                cf
+            };
+            cur.latch.unlock();
+            if leaf_children {
+                next.latch.unlock();
+                return again;
+            }
+            cur = next;
+        }
+    }
+
+    /// Merges child `i` of `parent` (latched as `child`) with a sibling if they fit; returns
+    /// the latched frame that now holds child `i`'s key range.
+    fn merge_child<'t>(&'t self, parent: Node<'_>, i: usize, child: &'t Frame) -> &'t Frame {
+        if i < parent.count() {
+            let rf = self.frame_of(parent.child(i + 1));
+            rf.latch.lock();
+            if self.merge_pair(child, rf, parent, i) {
+                return child;
+            }
+            rf.latch.unlock();
+        }
+        if i > 0 {
+            let lf = self.frame_of(parent.child(i - 1));
+            lf.latch.lock();
+            if self.merge_pair(lf, child, parent, i - 1) {
+                return lf;
+            }
+            lf.latch.unlock();
+        }
+        child
+    }
+
+    /// Moves `right`'s contents into `left` (children `s` and `s + 1` of `parent`) if they
+    /// fit; then `right` is cleared, unlatched and freed. All three latched.
+    fn merge_pair(&self, left: &Frame, right: &Frame, parent: Node<'_>, s: usize) -> bool {
+        let mut l = Node(left).image();
+        let r = Node(right).image();
+        let one_empty = l.items.is_empty() || r.items.is_empty();
+        let rpid = parent.child(s + 1);
+        if l.kind == KIND_INNER {
+            // The separator comes down between the two children lists.
+            l.items
+                .push(Self::item(parent.key(s), r.first, false, Vec::new(), false));
+        }
+        l.items.extend(r.items);
+        l.high = r.high;
+        if !self.fits(&l, one_empty) {
+            return false;
+        }
+        Node(left).write_image(&l);
+        Node(right).clear();
+        right.latch.unlock();
+        self.store.free(rpid);
+        parent.remove(s);
+        true
     }
 }
 
-/// A descent met a node of the wrong kind: a leaf where its parent says inner nodes are, or
-/// a dead node reached through a latched parent. Neither can happen: only the root changes
-/// kind, and a node dies only under its parent's write latch, as it leaves the parent.
-fn unreachable_leaf() -> ! {
-    unreachable!("a descent met a node of the wrong kind (only the root changes kind)")
+/// What [`BTree::walk`] calls for each node: `(node, page, depth, low, high)`, the last two
+/// the fences its parent's separators give it.
+type Visit<'a> =
+    dyn FnMut(Node<'_>, PageId, usize, Option<&[u8]>, Option<&[u8]>) -> Result<(), String> + 'a;
+
+/// Releases an exclusive latch taken at version `v`, with a new version only if `changed`.
+fn release(f: &Frame, v: u64, changed: bool) {
+    if changed {
+        f.latch.unlock();
+    } else {
+        f.latch.unlock_unchanged(v);
+    }
+}
+
+const HDR_BYTES: usize = super::node::HDR_WORDS * 8;
+
+fn pad8(n: usize) -> usize {
+    (n + 7) & !7
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
-    use std::collections::BTreeMap;
-
-    #[derive(Debug, Clone)]
-    enum Op {
-        Put(Vec<u8>, u8),
-        Ghost(Vec<u8>),
-        Remove(Vec<u8>),
-        Get(Vec<u8>),
-        Pred(Vec<u8>),
-        Range(Bound<Vec<u8>>, Bound<Vec<u8>>, usize),
-    }
-
-    fn key() -> impl Strategy<Value = Vec<u8>> {
-        proptest::collection::vec(0u8..6, 1..4)
-    }
-
-    fn bound() -> impl Strategy<Value = Bound<Vec<u8>>> {
-        prop_oneof![
-            key().prop_map(Bound::Included),
-            key().prop_map(Bound::Excluded),
-            Just(Bound::Unbounded),
-        ]
-    }
-
-    fn op() -> impl Strategy<Value = Op> {
-        prop_oneof![
-            4 => (key(), any::<u8>()).prop_map(|(k, v)| Op::Put(k, v)),
-            1 => key().prop_map(Op::Ghost),
-            2 => key().prop_map(Op::Remove),
-            1 => key().prop_map(Op::Get),
-            1 => key().prop_map(Op::Pred),
-            1 => (bound(), bound(), 0usize..40).prop_map(|(a, b, n)| Op::Range(a, b, n)),
-        ]
-    }
-
-    fn as_ref(b: &Bound<Vec<u8>>) -> Bound<&[u8]> {
-        match b {
-            Bound::Included(k) => Bound::Included(k),
-            Bound::Excluded(k) => Bound::Excluded(k),
-            Bound::Unbounded => Bound::Unbounded,
-        }
-    }
-
-    /// Keys around the inline limit with long shared prefixes and zero bytes (padding).
-    fn long_key() -> impl Strategy<Value = Vec<u8>> {
-        proptest::collection::vec(prop_oneof![Just(0u8), Just(1u8), Just(255u8)], 0..40)
-    }
-
-    proptest! {
-        #![proptest_config(ProptestConfig::with_cases(2000))]
-        #[test]
-        fn inline_keys_order_like_byte_strings(a in long_key(), b in long_key()) {
-            let k = Key::new(&a);
-            prop_assert!(k.well_formed());
-            prop_assert_eq!(&k[..], &a[..]);
-            prop_assert_eq!(k.cmp_probe(&Probe::new(&b)), a.cmp(&b));
-            prop_assert_eq!(k.cmp_probe(&Probe::new(&a)), Ordering::Equal);
-        }
-    }
-
-    proptest! {
-        #![proptest_config(ProptestConfig::with_cases(1000))]
-        #[test]
-        fn head_search_finds_the_partition_point(
-            mut keys in proptest::collection::vec(long_key(), 0..80),
-            probe in long_key(),
-        ) {
-            keys.sort();
-            keys.dedup();
-            let ks: Vec<Key> = keys.iter().map(|k| Key::new(k)).collect();
-            let heads = Heads::of(ks.iter());
-            let p = Probe::new(&probe);
-            let lt = heads.partition(&ks, p.prefix(), |k| k.lt(&p));
-            let le = heads.partition(&ks, p.prefix(), |k| k.le(&p));
-            prop_assert_eq!(lt, keys.partition_point(|k| k < &probe));
-            prop_assert_eq!(le, keys.partition_point(|k| k <= &probe));
-        }
-    }
-
-    proptest! {
-        #![proptest_config(ProptestConfig::with_cases(100))]
-        #[test]
-        fn matches_a_btreemap_model_with_long_keys(
-            ops in proptest::collection::vec(
-                (long_key(), any::<u8>(), 0u8..4), 1..300),
-            cap in 3usize..6,
-        ) {
-            let t = BTree::with_capacity(cap, cap);
-            let mut m: BTreeMap<Vec<u8>, Record> = BTreeMap::new();
-            for (k, v, op) in ops {
-                if k.is_empty() {
-                    continue;
-                }
-                match op {
-                    0 => {
-                        t.update(&k, |s| *s = None);
-                        m.remove(&k);
-                    }
-                    1 => {
-                        let want = m.range(..k.clone()).next_back().map(|(k, _)| k.clone());
-                        prop_assert_eq!(t.predecessor(&k), want);
-                        prop_assert_eq!(t.get(&k, |r| r.cloned()), m.get(&k).cloned());
-                    }
-                    2 => {
-                        let got = t.range(Bound::Excluded(&k[..]), Bound::Unbounded, 7);
-                        let want: Vec<(Vec<u8>, Record)> = m
-                            .range((Bound::Excluded(k.clone()), Bound::Unbounded))
-                            .take(7)
-                            .map(|(k, v)| (k.clone(), v.clone()))
-                            .collect();
-                        prop_assert_eq!(got, want);
-                    }
-                    _ => {
-                        let rec = Record { value: vec![v], ghost: false, tid: 0 };
-                        t.update(&k, |s| *s = Some(rec.clone()));
-                        m.insert(k, rec);
-                    }
-                }
-            }
-            prop_assert_eq!(t.check_invariants(), Ok(()));
-            let all = t.range(Bound::Unbounded, Bound::Unbounded, usize::MAX);
-            prop_assert_eq!(all, m.into_iter().collect::<Vec<_>>());
-        }
-    }
-
-    proptest! {
-        #![proptest_config(ProptestConfig::with_cases(200))]
-        #[test]
-        fn matches_a_btreemap_model(ops in proptest::collection::vec(op(), 1..300), cap in 3usize..6) {
-            let t = BTree::with_capacity(cap, cap);
-            let mut m: BTreeMap<Vec<u8>, Record> = BTreeMap::new();
-            for o in ops {
-                match o {
-                    Op::Put(k, v) => {
-                        let rec = Record { value: vec![v], ghost: false, tid: 0 };
-                        t.update(&k, |s| *s = Some(rec.clone()));
-                        m.insert(k, rec);
-                    }
-                    Op::Ghost(k) => {
-                        t.update(&k, |s| if let Some(r) = s { r.ghost = true });
-                        if let Some(r) = m.get_mut(&k) { r.ghost = true; }
-                    }
-                    Op::Remove(k) => {
-                        t.update(&k, |s| *s = None);
-                        m.remove(&k);
-                    }
-                    Op::Get(k) => {
-                        prop_assert_eq!(t.get(&k, |r| r.cloned()), m.get(&k).cloned());
-                    }
-                    Op::Pred(k) => {
-                        let want = m.range(..k.clone()).next_back().map(|(k, _)| k.clone());
-                        prop_assert_eq!(t.predecessor(&k), want);
-                    }
-                    Op::Range(a, b, n) => {
-                        let valid = match (&a, &b) {
-                            (Bound::Included(x) | Bound::Excluded(x), Bound::Included(y) | Bound::Excluded(y)) => {
-                                x < y || (x == y && matches!((&a, &b), (Bound::Included(_), Bound::Included(_))))
-                            }
-                            _ => true,
-                        };
-                        let got = t.range(as_ref(&a), as_ref(&b), n);
-                        let want: Vec<(Vec<u8>, Record)> = if valid {
-                            m.range((a.clone(), b.clone())).take(n).map(|(k, v)| (k.clone(), v.clone())).collect()
-                        } else {
-                            Vec::new()
-                        };
-                        prop_assert_eq!(got, want);
-                    }
-                }
-            }
-            prop_assert_eq!(t.check_invariants(), Ok(()));
-            prop_assert_eq!(t.check_compact(), Ok(()));
-            prop_assert_eq!(t.len(), m.len());
-            let s = t.stats();
-            prop_assert_eq!(s.entries, m.len());
-            prop_assert_eq!(s.ghosts, m.values().filter(|r| r.ghost).count());
-            if m.is_empty() {
-                // Everything merged back into the root.
-                prop_assert_eq!((s.leaves, s.inner, s.height), (1, 0, 1));
-            }
-            let all = t.range(Bound::Unbounded, Bound::Unbounded, usize::MAX);
-            prop_assert_eq!(all, m.into_iter().collect::<Vec<_>>());
-        }
-    }
-
-    fn rec(v: u8) -> Record {
-        Record {
-            value: vec![v],
-            ghost: false,
-            tid: u64::from(v),
-        }
-    }
-
-    #[test]
-    fn a_valid_hint_is_used_and_returned() {
-        let t = BTree::new();
-        for i in 0u8..10 {
-            t.update(&[i], |s| *s = Some(rec(i)));
-        }
-        let (r, h) = t.get_hinted(&[3], None, |r| r.cloned());
-        assert_eq!(r, Some(rec(3)));
-        // One leaf: the same leaf serves every key, found or not, read or updated.
-        for i in 0u8..20 {
-            let (r, h2) = t.get_hinted(&[i], Some(h), |r| r.cloned());
-            assert_eq!(r, t.get(&[i], |r| r.cloned()));
-            assert_eq!(h2, h);
-            let ((), h3) = t.update_hinted(&[i], Some(h), |s| *s = Some(rec(i + 1)));
-            assert_eq!(h3, h);
-        }
-        assert_eq!(t.len(), 20);
-        assert_eq!(t.check_invariants(), Ok(()));
-    }
-
-    #[test]
-    fn stale_hints_after_splits_give_the_unhinted_answers() {
-        let t = BTree::with_capacity(3, 3);
-        // Hints taken while the root is still the only leaf (and then names an inner node).
-        let ((), root_hint) = t.update_hinted(b"m", None, |s| *s = Some(rec(0)));
-        let mut hints = vec![root_hint];
-        for i in 0u8..200 {
-            let k = [i.wrapping_mul(37), i];
-            let h = hints[usize::from(i) % hints.len()];
-            let ((), h) = t.update_hinted(&k, Some(h), |s| *s = Some(rec(i)));
-            hints.push(h);
-        }
-        assert_eq!(t.check_invariants(), Ok(()));
-        let all = t.range(Bound::Unbounded, Bound::Unbounded, usize::MAX);
-        assert_eq!(all.len(), 201);
-        for (i, h) in hints.iter().enumerate() {
-            for (k, _) in all.iter().skip(i % 7).step_by(7) {
-                let (got, h2) = t.get_hinted(k, Some(*h), |r| r.cloned());
-                assert_eq!(got, t.get(k, |r| r.cloned()));
-                // The returned hint is fresh: it takes the hinted path.
-                assert_eq!(t.get_hinted(k, Some(h2), |r| r.cloned()).1, h2);
-            }
-            // Absent keys, and updates through stale hints (inserting, so splitting).
-            let k = [b'z', b'z', i as u8]; // 3 bytes: no key above has them
-            assert!(t.get_hinted(&k, Some(*h), |r| r.is_none()).0);
-            let (was, _) = t.update_hinted(&k, Some(*h), |s| s.replace(rec(1)).is_some());
-            assert!(!was);
-        }
-        assert_eq!(t.check_invariants(), Ok(()));
-        assert_eq!(t.len(), 201 + hints.len());
-        // The root's old hint names an inner node now: it must not be used.
-        assert!(t.get_hinted(b"m", Some(root_hint), |r| r.is_some()).0);
-    }
-
-    #[test]
-    fn a_hint_of_another_tree_is_ignored() {
-        let a = BTree::new();
-        let b = BTree::new();
-        let ((), ha) = a.update_hinted(b"k", None, |s| *s = Some(rec(1)));
-        // `b`'s leaf is empty: using `a`'s leaf would find the key.
-        let (found, hb) = b.get_hinted(b"k", Some(ha), |r| r.is_some());
-        assert!(!found);
-        assert_ne!(ha, hb);
-        let ((), _) = b.update_hinted(b"k", Some(ha), |s| *s = Some(rec(2)));
-        assert_eq!(a.get(b"k", |r| r.cloned()), Some(rec(1)));
-        assert_eq!(b.get(b"k", |r| r.cloned()), Some(rec(2)));
-        // A dropped tree's hints are refused by a new tree, whatever its addresses.
-        let hc = {
-            let c = BTree::new();
-            c.update_hinted(b"k", None, |s| *s = Some(rec(3))).1
-        };
-        let d = BTree::new();
-        assert!(d.get_hinted(b"k", Some(hc), |r| r.is_none()).0);
-    }
-
-    proptest! {
-        #![proptest_config(ProptestConfig::with_cases(200))]
-        #[test]
-        fn hinted_calls_match_a_btreemap_model(
-            ops in proptest::collection::vec((key(), any::<u8>(), 0u8..4, any::<prop::sample::Index>()), 1..300),
-            cap in 3usize..6,
-        ) {
-            let t = BTree::with_capacity(cap, cap);
-            let other = BTree::with_capacity(cap, cap);
-            let mut m: BTreeMap<Vec<u8>, Record> = BTreeMap::new();
-            // Every hint handed out so far, and one of another tree; `None` too.
-            let mut hints: Vec<Option<LeafHint>> =
-                vec![None, Some(other.update_hinted(b"x", None, |s| *s = Some(rec(0))).1)];
-            for (k, v, op, idx) in ops {
-                let h = hints[idx.index(hints.len())];
-                let got = match op {
-                    0 => {
-                        let (r, h) = t.get_hinted(&k, h, |r| r.cloned());
-                        prop_assert_eq!(r, m.get(&k).cloned());
-                        h
-                    }
-                    1 => {
-                        let (old, h) = t.update_hinted(&k, h, Option::take);
-                        prop_assert_eq!(old, m.remove(&k));
-                        h
-                    }
-                    2 => {
-                        let (r, h) = t.update_hinted(&k, h, |s| {
-                            if let Some(r) = s { r.ghost = true; }
-                            s.clone()
-                        });
-                        if let Some(r) = m.get_mut(&k) { r.ghost = true; }
-                        prop_assert_eq!(r, m.get(&k).cloned());
-                        h
-                    }
-                    _ => {
-                        let (old, h) = t.update_hinted(&k, h, |s| s.replace(rec(v)));
-                        prop_assert_eq!(old, m.insert(k, rec(v)));
-                        h
-                    }
-                };
-                hints.push(Some(got));
-            }
-            prop_assert_eq!(t.check_invariants(), Ok(()));
-            prop_assert_eq!(t.check_compact(), Ok(()));
-            let all = t.range(Bound::Unbounded, Bound::Unbounded, usize::MAX);
-            prop_assert_eq!(all, m.into_iter().collect::<Vec<_>>());
-        }
-    }
-
-    /// Hinted counters race with inserters that split the leaves (and the root) under them:
-    /// every increment must land exactly once, in the one record of its key.
-    #[test]
-    fn hinted_updates_race_with_splits() {
-        for _round in 0..10 {
-            let t = BTree::with_capacity(3, 3);
-            let keys = 40u32;
-            std::thread::scope(|s| {
-                for id in 0..2u32 {
-                    let t = &t;
-                    s.spawn(move || {
-                        let mut hints: Vec<Option<LeafHint>> = vec![None; keys as usize];
-                        for i in 0..3000u32 {
-                            let k = (i * 7 + id) % keys;
-                            let key = (k * 1000).to_be_bytes();
-                            let h = &mut hints[k as usize];
-                            let (n, nh) = t.update_hinted(&key, *h, |s| {
-                                let r = s.get_or_insert_with(Record::default);
-                                r.tid += 1;
-                                r.tid
-                            });
-                            *h = Some(nh);
-                            let (seen, nh) = t.get_hinted(&key, *h, |r| r.map(|r| r.tid));
-                            assert!(seen.is_some_and(|s| s >= n));
-                            *h = Some(nh);
-                        }
-                    });
-                }
-                // Inserters between the counters' keys.
-                for id in 0..2u32 {
-                    let t = &t;
-                    s.spawn(move || {
-                        for i in 0..1500u32 {
-                            let key = ((i % keys) * 1000 + 1 + (i / keys) * 2 + id).to_be_bytes();
-                            t.update(&key, |s| *s = Some(Record::default()));
-                        }
-                    });
-                }
-            });
-            assert_eq!(t.check_invariants(), Ok(()));
-            let total: u64 = (0..keys)
-                .map(|k| t.get(&(k * 1000).to_be_bytes(), |r| r.unwrap().tid))
-                .sum();
-            assert_eq!(total, 2 * 3000);
-            assert_eq!(t.len(), keys as usize + 3000);
-        }
-    }
-
-    #[test]
-    fn concurrent_disjoint_writers_with_readers_and_scans() {
-        let t = BTree::with_capacity(4, 4);
-        let threads = 8u32;
-        std::thread::scope(|s| {
-            for id in 0..threads {
-                let t = &t;
-                s.spawn(move || {
-                    let mut model = BTreeMap::new();
-                    let mut x = 0x9E37_79B9u32.wrapping_mul(id + 1) | 1;
-                    for _ in 0..4000 {
-                        x ^= x << 13;
-                        x ^= x >> 17;
-                        x ^= x << 5;
-                        // Keys interleave between threads: k * threads + id.
-                        let k = ((x % 300) * threads + id).to_be_bytes();
-                        match x % 5 {
-                            0 => {
-                                t.update(&k, |s| *s = None);
-                                model.remove(&k);
-                            }
-                            1 => {
-                                let lo = ((x >> 8) % 2400).to_be_bytes();
-                                let got = t.range(Bound::Included(&lo[..]), Bound::Unbounded, 50);
-                                assert!(
-                                    got.windows(2).all(|w| w[0].0 < w[1].0),
-                                    "scan out of order"
-                                );
-                                assert!(
-                                    got.iter().all(|(k, _)| k[..] >= lo[..]),
-                                    "scan below bound"
-                                );
-                            }
-                            2 => {
-                                let other = (x.rotate_left(7) % 2400).to_be_bytes();
-                                let p = t.predecessor(&other);
-                                assert!(p.is_none_or(|p| p[..] < other[..]));
-                            }
-                            _ => {
-                                let v = x.to_le_bytes().to_vec();
-                                t.update(&k, |s| {
-                                    *s = Some(Record {
-                                        value: v.clone(),
-                                        ghost: false,
-                                        tid: 0,
-                                    })
-                                });
-                                model.insert(k, v);
-                            }
-                        }
-                    }
-                    for (k, v) in &model {
-                        assert_eq!(t.get(k, |r| r.map(|r| r.value.clone())).as_ref(), Some(v));
-                    }
-                    // Keys this thread removed last are absent.
-                    for i in 0..300u32 {
-                        let k = (i * threads + id).to_be_bytes();
-                        if !model.contains_key(&k) {
-                            assert!(t.get(&k, |r| r.is_none()));
-                        }
-                    }
-                });
-            }
-        });
-        assert_eq!(t.check_invariants(), Ok(()));
-    }
-
-    /// Descents (which keep no reference count on the nodes they pass) race with writers that
-    /// grow a tree of tiny nodes from empty, so the root and inner nodes split all the time:
-    /// every key a writer has published must stay reachable by get, predecessor and range.
-    #[test]
-    fn descents_race_with_root_and_inner_splits() {
-        use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
-        for _round in 0..20 {
-            let t = BTree::with_capacity(3, 3);
-            // Writer w inserts keys w, w + 2, w + 4, ... and publishes how many it inserted.
-            let done = [AtomicU32::new(0), AtomicU32::new(0)];
-            let n = 600u32;
-            std::thread::scope(|s| {
-                for w in 0..2u32 {
-                    let (t, done) = (&t, &done);
-                    s.spawn(move || {
-                        for i in 0..n {
-                            let k = (i * 2 + w).to_be_bytes();
-                            t.update(&k, |s| *s = Some(Record::default()));
-                            done[w as usize].store(i + 1, SeqCst);
-                        }
-                    });
-                }
-                for r in 0..2u32 {
-                    let (t, done) = (&t, &done);
-                    s.spawn(move || {
-                        let mut x = 0x2545_F491u32.wrapping_mul(r + 1) | 1;
-                        while done.iter().any(|d| d.load(SeqCst) < n) {
-                            x ^= x << 13;
-                            x ^= x >> 17;
-                            x ^= x << 5;
-                            let w = x & 1;
-                            let have = done[w as usize].load(SeqCst);
-                            if have == 0 {
-                                continue;
-                            }
-                            let i = (x >> 1) % have;
-                            let k = (i * 2 + w).to_be_bytes();
-                            assert!(t.get(&k, |r| r.is_some()), "published key {i}/{w} lost");
-                            let above = (i * 2 + w + 1).to_be_bytes();
-                            let p = t.predecessor(&above).expect("a key below");
-                            assert!(p[..] >= k[..], "predecessor skipped a published key");
-                            let got = t.range(Bound::Included(&k[..]), Bound::Unbounded, 2);
-                            assert_eq!(got.first().map(|(g, _)| &g[..]), Some(&k[..]));
-                        }
-                    });
-                }
-            });
-            assert_eq!(t.check_invariants(), Ok(()));
-            assert_eq!(t.len(), 2 * n as usize);
-        }
-    }
-
-    #[test]
-    fn concurrent_counters_on_shared_keys_are_exact() {
-        let t = BTree::with_capacity(3, 3);
-        std::thread::scope(|s| {
-            for id in 0..8u64 {
-                let t = &t;
-                s.spawn(move || {
-                    for i in 0..2000u64 {
-                        let k = ((i * 7 + id) % 97).to_be_bytes();
-                        t.update(&k, |s| {
-                            let r = s.get_or_insert_with(|| Record {
-                                value: 0u64.to_le_bytes().to_vec(),
-                                ghost: false,
-                                tid: 0,
-                            });
-                            let n = u64::from_le_bytes(r.value[..8].try_into().unwrap()) + 1;
-                            r.value = n.to_le_bytes().to_vec();
-                        });
-                    }
-                });
-            }
-        });
-        let total: u64 = t
-            .range(Bound::Unbounded, Bound::Unbounded, usize::MAX)
-            .iter()
-            .map(|(_, r)| u64::from_le_bytes(r.value[..8].try_into().unwrap()))
-            .sum();
-        assert_eq!(total, 8 * 2000);
-        assert_eq!(t.check_invariants(), Ok(()));
-    }
-
-    /// A queue: inserts at the tail, removals at the head. Leaves emptied at the head merge
-    /// away, so the tree's size follows the queue's length, not the number of keys it ever
-    /// held (before merges, 100,000 keys through a 50-key queue left ~3,000 empty leaves).
-    #[test]
-    fn a_queue_keeps_the_tree_small() {
-        for cap in [3usize, 4, 8, 64] {
-            let t = BTree::with_capacity(cap, cap);
-            let window = 50u32;
-            let mut hints = Vec::new();
-            let mut max_nodes = 0;
-            for i in 0..100_000u32 {
-                let ((), h) = t.update_hinted(&i.to_be_bytes(), None, |s| *s = Some(rec(1)));
-                if i % 97 == 3 {
-                    hints.push(h);
-                }
-                if let Some(old) = i.checked_sub(window) {
-                    // Through a stale hint now and then: it must find the key wherever
-                    // merges moved it.
-                    let h = hints.get(i as usize % 7).copied();
-                    let (was, _) = t.update_hinted(&old.to_be_bytes(), h, Option::take);
-                    assert!(was.is_some(), "key {old} lost (cap {cap})");
-                }
-                if i % 1000 == 999 {
-                    let s = t.stats();
-                    max_nodes = max_nodes.max(s.leaves + s.inner + s.free);
-                }
-            }
-            assert_eq!(t.check_invariants(), Ok(()));
-            assert_eq!(t.check_compact(), Ok(()));
-            let s = t.stats();
-            assert_eq!(s.entries, window as usize);
-            // 50 entries in nodes at least a quarter full (a leaf drops below that only
-            // when it cannot merge), plus the free list, which is bounded by the peak.
-            let bound = 4 * (window as usize) / (cap / 4).max(1) + 8;
-            assert!(s.leaves + s.inner <= bound, "cap {cap}: {s:?} > {bound}");
-            assert!(
-                max_nodes <= 2 * bound,
-                "cap {cap}: peak {max_nodes} > {}",
-                2 * bound
-            );
-            for (i, h) in hints.iter().enumerate() {
-                let k = 100_000 - 1 - i as u32 % window;
-                assert!(t.get_hinted(&k.to_be_bytes(), Some(*h), |r| r.is_some()).0);
-                let gone = (i as u32 * 97 + 3).to_be_bytes();
-                assert!(t.get_hinted(&gone, Some(*h), |r| r.is_none()).0);
-            }
-            // Drain it: back to a single leaf.
-            for k in 100_000 - window..100_000 {
-                t.update(&k.to_be_bytes(), |s| *s = None);
-            }
-            let s = t.stats();
-            assert_eq!((s.entries, s.leaves, s.inner, s.height), (0, 1, 0, 1));
-            assert_eq!(t.check_invariants(), Ok(()));
-        }
-    }
-
-    /// Merges race with everything else: two queue writers (each keeps every eighth key as an
-    /// anchor and removes the others 40 keys behind its tail, so leaves empty and merge
-    /// all the time, inner nodes too, and the root grows and collapses), counters that
-    /// increment anchors through hints that merges make stale, and readers that check
-    /// published anchors are found by get, hinted get, predecessor and range, removed keys
-    /// are gone, and scans stay ordered.
-    #[test]
-    fn merges_race_with_hinted_updates_reads_and_scans() {
-        use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
-        const N: u32 = 2500;
-        const BEHIND: u32 = 40;
-        let key = |w: u32, i: u32| (i * 2 + w).to_be_bytes();
-        let anchor = |i: u32| i & 7 == 0;
-        for _round in 0..6 {
-            let t = BTree::with_capacity(4, 4);
-            // inserted[w]: keys 0..inserted of writer w are published (anchors stay);
-            // removed[w]: its non-anchor keys below `removed` are gone.
-            let inserted = [AtomicU32::new(0), AtomicU32::new(0)];
-            let removed = [AtomicU32::new(0), AtomicU32::new(0)];
-            let increments = AtomicU64::new(0);
-            let writers_done = AtomicU32::new(0);
-            std::thread::scope(|s| {
-                for w in 0..2u32 {
-                    let (t, inserted, removed, done) = (&t, &inserted, &removed, &writers_done);
-                    s.spawn(move || {
-                        for i in 0..N {
-                            t.update(&key(w, i), |s| *s = Some(Record::default()));
-                            inserted[w as usize].store(i + 1, SeqCst);
-                            if let Some(old) = i.checked_sub(BEHIND) {
-                                if !anchor(old) {
-                                    let gone = t.update(&key(w, old), Option::take);
-                                    assert!(gone.is_some());
-                                }
-                                removed[w as usize].store(old + 1, SeqCst);
-                            }
-                        }
-                        done.fetch_add(1, SeqCst);
-                    });
-                }
-                for r in 0..2u32 {
-                    let (t, inserted, removed, done, increments) =
-                        (&t, &inserted, &removed, &writers_done, &increments);
-                    s.spawn(move || {
-                        let mut x = 0x2545_F491u32.wrapping_mul(r + 3) | 1;
-                        let mut hints: Vec<Option<LeafHint>> = vec![None; 64];
-                        while done.load(SeqCst) < 2 {
-                            x ^= x << 13;
-                            x ^= x >> 17;
-                            x ^= x << 5;
-                            let w = x & 1;
-                            let have = inserted[w as usize].load(SeqCst);
-                            if have == 0 {
-                                continue;
-                            }
-                            let i = ((x >> 1) % have) / 8 * 8; // an anchor
-                            let k = key(w, i);
-                            let h = &mut hints[(x >> 20) as usize % 64];
-                            if r == 0 {
-                                // Counter: increment through a (possibly stale) hint.
-                                let (n, nh) = t.update_hinted(&k, *h, |s| {
-                                    s.as_mut().map(|r| {
-                                        r.tid += 1;
-                                        r.tid
-                                    })
-                                });
-                                assert!(n.is_some(), "anchor {i}/{w} lost");
-                                increments.fetch_add(1, SeqCst);
-                                *h = Some(nh);
-                                continue;
-                            }
-                            let (found, nh) = t.get_hinted(&k, *h, |r| r.is_some());
-                            assert!(found, "anchor {i}/{w} lost to a hinted get");
-                            *h = Some(nh);
-                            assert!(t.get(&k, |r| r.is_some()), "anchor {i}/{w} lost");
-                            let above = (i * 2 + w + 1).to_be_bytes();
-                            let p = t.predecessor(&above).expect("a key below");
-                            assert!(p[..] >= k[..], "predecessor skipped anchor {i}/{w}");
-                            let got = t.range(Bound::Included(&k[..]), Bound::Unbounded, 3);
-                            assert_eq!(got.first().map(|(g, _)| &g[..]), Some(&k[..]));
-                            assert!(got.windows(2).all(|p| p[0].0 < p[1].0), "scan order");
-                            let gone_below = removed[w as usize].load(SeqCst);
-                            if gone_below > 1 {
-                                let j = (x >> 3) % gone_below;
-                                if !anchor(j) {
-                                    let (absent, _) = t.get_hinted(&key(w, j), *h, |r| r.is_none());
-                                    assert!(absent, "removed key {j}/{w} is back");
-                                }
-                            }
-                        }
-                    });
-                }
-            });
-            assert_eq!(t.check_invariants(), Ok(()));
-            assert_eq!(t.check_compact(), Ok(()));
-            let all = t.range(Bound::Unbounded, Bound::Unbounded, usize::MAX);
-            let total: u64 = all.iter().map(|(_, r)| r.tid).sum();
-            assert_eq!(total, increments.load(SeqCst));
-            let live = 2 * (N / 8 + BEHIND) as usize;
-            assert!(all.len() <= live, "{} entries", all.len());
-            let s = t.stats();
-            // Before merges this tree kept ~2,000 empty leaves.
-            assert!(s.leaves <= s.entries + 1, "{s:?}");
-            assert_eq!(s.empty_leaves, 0, "{s:?}");
-        }
-    }
-}
+#[path = "btree_tests.rs"]
+mod tests;

@@ -1,0 +1,598 @@
+//! The slotted layout of a B+-tree node in one page (after Graefe, "Modern B-tree
+//! techniques", §3.3, and LeanStore's node layout, without prefix truncation).
+//!
+//! ```text
+//! word 0      kind (8 bits) | leaf_children (bit 8) | slot count (bits 16..32)
+//! word 1      data start (byte offset, bits 0..32) | live data bytes (bits 32..64)
+//! word 2, 3   low and high fence: present (bit 63) | length (bits 32..48) | offset (0..32)
+//! word 4      inner: the child below the first separator; overflow: the next page
+//! word 5      overflow: the bytes of the value in this page
+//! word 8..    the slot array, two words a slot, growing up:
+//!               head  the key's first 8 bytes, zero padded, as a big-endian integer
+//!               meta  data offset (bits 0..16) | key length (16..32) | inline value length
+//!                     (32..62) | ghost (bit 62) | value in overflow pages (bit 63)
+//! ...         free space
+//! ..end       record data, growing down from the end of the page, 8-byte aligned:
+//!               leaf   [TID word][key][value, or the overflow reference]
+//!               inner  [child page id][separator key]
+//!             and the two fence keys.
+//! ```
+//!
+//! A binary search compares the heads, integers in the slot array, and reads a record's key
+//! bytes only when two keys share their first 8 bytes and both are longer. The ghost bit and
+//! the TID word of optimistic concurrency control (Silo) sit in the page with the record, so
+//! neither a lookup nor a TID check allocates. A value longer than [`INLINE_VALUE`] lives in a
+//! chain of overflow pages; the record then holds its first page and its length.
+//!
+//! Removing a record leaves a hole in the data area (the live byte count drops); an insert
+//! that finds the contiguous free space too small but enough bytes free in total compacts
+//! the page first. Splits, merges and compaction go through an owned [`Image`] of the node.
+//!
+//! Every read accessor here is safe to call on a page a writer may be changing (optimistic
+//! readers do): indices are clamped to the page, and the caller validates the page version
+//! before using the result. Every writing accessor requires the page's exclusive latch.
+
+use std::cmp::Ordering;
+
+use super::page::{Frame, PageId, INLINE_VALUE, NO_PAGE, PAGE_SIZE};
+
+/// A page on the free list (or never used).
+pub const KIND_FREE: u64 = 0;
+/// A leaf node.
+pub const KIND_LEAF: u64 = 1;
+/// An inner node.
+pub const KIND_INNER: u64 = 2;
+/// A page of an overflow chain.
+pub const KIND_OVERFLOW: u64 = 3;
+
+const W_KIND: usize = 0;
+const W_DATA: usize = 1;
+const W_LOW: usize = 2;
+const W_HIGH: usize = 3;
+/// First child (inner) or next page (overflow).
+pub const W_LINK: usize = 4;
+/// Bytes in an overflow page.
+pub const W_OVLEN: usize = 5;
+/// Words before the slot array (and before an overflow page's bytes).
+pub const HDR_WORDS: usize = 8;
+const HDR: usize = HDR_WORDS * 8;
+/// Bytes of an overflow page's payload.
+pub const OVERFLOW_BYTES: usize = PAGE_SIZE - HDR;
+/// Most slots a page can have (bounds loops over a torn page).
+const MAX_SLOTS: usize = (PAGE_SIZE - HDR) / 16;
+
+const GHOST: u64 = 1 << 62;
+const OVF: u64 = 1 << 63;
+const PRESENT: u64 = 1 << 63;
+/// Bytes of an overflow reference in a record: first page, total length.
+pub const OVF_REF: usize = 16;
+
+fn pad8(n: usize) -> usize {
+    (n + 7) & !7
+}
+
+/// A search key with its head precomputed.
+#[derive(Clone, Copy)]
+pub struct Probe<'a> {
+    /// The first 8 bytes, zero padded, big-endian.
+    pub head: u64,
+    /// The whole key.
+    pub bytes: &'a [u8],
+}
+
+/// The head of `k`: its first 8 bytes, zero padded, as a big-endian integer.
+#[inline]
+pub fn head_of(k: &[u8]) -> u64 {
+    let mut b = [0u8; 8];
+    let n = k.len().min(8);
+    b[..n].copy_from_slice(&k[..n]);
+    u64::from_be_bytes(b)
+}
+
+impl<'a> Probe<'a> {
+    /// Prepares `bytes` for searching.
+    #[inline]
+    pub fn new(bytes: &'a [u8]) -> Self {
+        Probe {
+            head: head_of(bytes),
+            bytes,
+        }
+    }
+}
+
+/// A slot's meta word, decoded.
+#[derive(Clone, Copy, Debug)]
+pub struct Meta {
+    /// Byte offset of the record data.
+    pub off: usize,
+    /// Key length.
+    pub klen: usize,
+    /// Inline value length (the overflow reference's length when `ovf`).
+    pub vlen: usize,
+    /// Ghost bit.
+    pub ghost: bool,
+    /// The value is in overflow pages.
+    pub ovf: bool,
+}
+
+impl Meta {
+    fn decode(m: u64) -> Meta {
+        Meta {
+            off: (m & 0xffff) as usize,
+            klen: ((m >> 16) & 0xffff) as usize,
+            vlen: ((m >> 32) & 0x3fff_ffff) as usize,
+            ghost: m & GHOST != 0,
+            ovf: m & OVF != 0,
+        }
+    }
+
+    fn encode(&self) -> u64 {
+        (self.off as u64 & 0xffff)
+            | ((self.klen as u64 & 0xffff) << 16)
+            | ((self.vlen as u64 & 0x3fff_ffff) << 32)
+            | if self.ghost { GHOST } else { 0 }
+            | if self.ovf { OVF } else { 0 }
+    }
+
+    /// Bytes of record data (excluding the slot).
+    fn data_bytes(&self) -> usize {
+        8 + pad8(self.klen + self.vlen)
+    }
+}
+
+/// One entry of an [`Image`].
+#[derive(Clone, Debug)]
+pub struct Item {
+    /// The key (a leaf's record key or an inner node's separator).
+    pub key: Vec<u8>,
+    /// The TID word (leaf) or the child to the right of the separator (inner).
+    pub word: u64,
+    /// Inline value bytes, or the overflow reference when `ovf` (leaf only).
+    pub val: Vec<u8>,
+    /// Ghost bit (leaf only).
+    pub ghost: bool,
+    /// `val` is an overflow reference.
+    pub ovf: bool,
+}
+
+impl Item {
+    /// Bytes this item takes in a page, slot included.
+    pub fn size(&self) -> usize {
+        16 + 8 + pad8(self.key.len() + self.val.len())
+    }
+}
+
+/// An owned copy of a node, for splits, merges and compaction.
+#[derive(Clone, Debug)]
+pub struct Image {
+    /// [`KIND_LEAF`] or [`KIND_INNER`].
+    pub kind: u64,
+    /// Inner node whose children are leaves.
+    pub leaf_children: bool,
+    /// Low fence (inclusive), `None` = -infinity.
+    pub low: Option<Vec<u8>>,
+    /// High fence (exclusive), `None` = +infinity.
+    pub high: Option<Vec<u8>>,
+    /// The child below the first separator (inner).
+    pub first: PageId,
+    /// The entries in key order.
+    pub items: Vec<Item>,
+}
+
+impl Image {
+    /// An empty leaf with the given fences.
+    pub fn leaf(low: Option<Vec<u8>>, high: Option<Vec<u8>>) -> Image {
+        Image {
+            kind: KIND_LEAF,
+            leaf_children: false,
+            low,
+            high,
+            first: NO_PAGE,
+            items: Vec::new(),
+        }
+    }
+
+    /// Bytes the fences and the header take.
+    pub fn fixed_bytes(&self) -> usize {
+        HDR + self.low.as_ref().map_or(0, |k| pad8(k.len()))
+            + self.high.as_ref().map_or(0, |k| pad8(k.len()))
+    }
+
+    /// Bytes this image takes in a page.
+    pub fn size(&self) -> usize {
+        self.fixed_bytes() + self.items.iter().map(Item::size).sum::<usize>()
+    }
+}
+
+/// A node view of a frame.
+#[derive(Clone, Copy)]
+pub struct Node<'a>(pub &'a Frame);
+
+impl<'a> Node<'a> {
+    /// The page kind (`KIND_*`).
+    #[inline]
+    pub fn kind(&self) -> u64 {
+        self.0.load(W_KIND) & 0xff
+    }
+
+    /// True for a leaf.
+    #[inline]
+    pub fn is_leaf(&self) -> bool {
+        self.kind() == KIND_LEAF
+    }
+
+    /// An inner node whose children are leaves.
+    #[inline]
+    pub fn leaf_children(&self) -> bool {
+        self.0.load(W_KIND) & (1 << 8) != 0
+    }
+
+    /// Slots (entries or separators), clamped to what a page can hold.
+    #[inline]
+    pub fn count(&self) -> usize {
+        (((self.0.load(W_KIND) >> 16) & 0xffff) as usize).min(MAX_SLOTS)
+    }
+
+    fn set_count(&self, n: usize) {
+        let w = self.0.load(W_KIND);
+        self.0
+            .store(W_KIND, (w & !(0xffff << 16)) | ((n as u64 & 0xffff) << 16));
+    }
+
+    fn data_start(&self) -> usize {
+        (self.0.load(W_DATA) & 0xffff_ffff) as usize
+    }
+
+    /// Live bytes in the data area (records and fences).
+    pub fn used(&self) -> usize {
+        (self.0.load(W_DATA) >> 32) as usize
+    }
+
+    fn set_data(&self, start: usize, used: usize) {
+        self.0.store(W_DATA, start as u64 | ((used as u64) << 32));
+    }
+
+    /// Bytes free in total (after a compaction).
+    pub fn free_total(&self) -> usize {
+        PAGE_SIZE.saturating_sub(HDR + 16 * self.count() + self.used())
+    }
+
+    /// Bytes the page holds (header, slots, live data).
+    pub fn bytes_used(&self) -> usize {
+        PAGE_SIZE - self.free_total()
+    }
+
+    fn gap(&self) -> usize {
+        self.data_start().saturating_sub(HDR + 16 * self.count())
+    }
+
+    /// Slot `i`'s head.
+    #[inline]
+    pub fn head(&self, i: usize) -> u64 {
+        self.0.load(HDR_WORDS + 2 * i)
+    }
+
+    /// Slot `i`'s meta word.
+    #[inline]
+    pub fn meta(&self, i: usize) -> Meta {
+        Meta::decode(self.0.load(HDR_WORDS + 2 * i + 1))
+    }
+
+    /// The TID word (leaf) or right child (inner) of slot `i`.
+    #[inline]
+    pub fn word(&self, i: usize) -> u64 {
+        self.0.load(self.meta(i).off / 8)
+    }
+
+    /// Appends slot `i`'s key to `out`.
+    pub fn key_into(&self, i: usize, out: &mut Vec<u8>) {
+        let m = self.meta(i);
+        self.0.read_bytes(m.off + 8, m.klen, out);
+    }
+
+    /// Slot `i`'s key.
+    pub fn key(&self, i: usize) -> Vec<u8> {
+        let mut k = Vec::new();
+        self.key_into(i, &mut k);
+        k
+    }
+
+    /// Appends slot `i`'s stored value bytes (inline value or overflow reference).
+    pub fn val_into(&self, i: usize, out: &mut Vec<u8>) {
+        let m = self.meta(i);
+        let at = pad8_key_end(m.off, m.klen);
+        self.read_unaligned(at, m.vlen, out);
+    }
+
+    /// Reads `len` bytes at any byte offset.
+    fn read_unaligned(&self, at: usize, len: usize, out: &mut Vec<u8>) {
+        let start = at & !7;
+        let skip = at - start;
+        let before = out.len();
+        self.0.read_bytes(start, len + skip, out);
+        out.drain(before..(before + skip).min(out.len()));
+    }
+
+    /// Orders slot `i`'s key against `p`.
+    #[inline]
+    pub fn cmp(&self, i: usize, p: &Probe<'_>) -> Ordering {
+        let h = self.head(i);
+        if h != p.head {
+            return h.cmp(&p.head);
+        }
+        let m = self.meta(i);
+        if m.klen <= 8 || p.bytes.len() <= 8 {
+            return m.klen.cmp(&p.bytes.len());
+        }
+        self.0.cmp_bytes(m.off + 16, m.klen - 8, &p.bytes[8..])
+    }
+
+    /// Slots whose keys are below `p`.
+    pub fn lower_bound(&self, p: &Probe<'_>) -> usize {
+        self.partition(|o| o == Ordering::Less, p)
+    }
+
+    /// Slots whose keys are at or below `p`.
+    pub fn upper_bound(&self, p: &Probe<'_>) -> usize {
+        self.partition(|o| o != Ordering::Greater, p)
+    }
+
+    #[inline]
+    fn partition(&self, below: impl Fn(Ordering) -> bool, p: &Probe<'_>) -> usize {
+        let (mut lo, mut hi) = (0, self.count());
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            if below(self.cmp(mid, p)) {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        lo
+    }
+
+    /// `Ok(slot)` of `p`, or `Err(insertion point)`.
+    pub fn search(&self, p: &Probe<'_>) -> Result<usize, usize> {
+        let i = self.lower_bound(p);
+        if i < self.count() && self.cmp(i, p) == Ordering::Equal {
+            Ok(i)
+        } else {
+            Err(i)
+        }
+    }
+
+    /// Child `i` of an inner node (0 is the first child).
+    #[inline]
+    pub fn child(&self, i: usize) -> PageId {
+        match i {
+            0 => self.0.load(W_LINK),
+            i => self.word(i - 1),
+        }
+    }
+
+    /// The child whose range holds `p`.
+    #[inline]
+    pub fn child_index(&self, p: &Probe<'_>) -> usize {
+        self.upper_bound(p)
+    }
+
+    /// The child whose keys end just below `p` (a separator equal to `p` sends us left).
+    pub fn child_index_below(&self, p: &Probe<'_>) -> usize {
+        self.lower_bound(p)
+    }
+
+    fn fence_word(&self, low: bool) -> u64 {
+        self.0.load(if low { W_LOW } else { W_HIGH })
+    }
+
+    /// The low (`low`) or high fence; `None` is -infinity or +infinity.
+    pub fn fence(&self, low: bool) -> Option<Vec<u8>> {
+        let w = self.fence_word(low);
+        if w & PRESENT == 0 {
+            return None;
+        }
+        let mut k = Vec::new();
+        self.0.read_bytes(
+            (w & 0xffff_ffff) as usize,
+            ((w >> 32) & 0xffff) as usize,
+            &mut k,
+        );
+        Some(k)
+    }
+
+    fn cmp_fence(&self, low: bool, p: &Probe<'_>) -> Option<Ordering> {
+        let w = self.fence_word(low);
+        (w & PRESENT != 0).then(|| {
+            self.0.cmp_bytes(
+                (w & 0xffff_ffff) as usize,
+                ((w >> 32) & 0xffff) as usize,
+                p.bytes,
+            )
+        })
+    }
+
+    /// True when the node has no low fence (its range starts at -infinity).
+    pub fn starts_at_neg_inf(&self) -> bool {
+        self.fence_word(true) & PRESENT == 0
+    }
+
+    /// True when `p` lies within the fences, [low, high).
+    pub fn covers(&self, p: &Probe<'_>) -> bool {
+        self.cmp_fence(true, p)
+            .is_none_or(|o| o != Ordering::Greater)
+            && self
+                .cmp_fence(false, p)
+                .is_none_or(|o| o == Ordering::Greater)
+    }
+
+    /// An owned copy of the node.
+    pub fn image(&self) -> Image {
+        let n = self.count();
+        let leaf = self.is_leaf();
+        let items = (0..n)
+            .map(|i| {
+                let m = self.meta(i);
+                let mut val = Vec::new();
+                if leaf {
+                    self.val_into(i, &mut val);
+                }
+                Item {
+                    key: self.key(i),
+                    word: self.word(i),
+                    val,
+                    ghost: m.ghost,
+                    ovf: m.ovf,
+                }
+            })
+            .collect();
+        Image {
+            kind: self.kind(),
+            leaf_children: self.leaf_children(),
+            low: self.fence(true),
+            high: self.fence(false),
+            first: self.0.load(W_LINK),
+            items,
+        }
+    }
+
+    /// Rewrites the page as `img`, which must fit ([`Image::size`] at most [`PAGE_SIZE`]).
+    pub fn write_image(&self, img: &Image) {
+        debug_assert!(img.size() <= PAGE_SIZE);
+        self.0.zero_words(0, HDR_WORDS);
+        self.0.store(
+            W_KIND,
+            img.kind | (u64::from(img.leaf_children) << 8) | ((img.items.len() as u64) << 16),
+        );
+        self.0.store(W_LINK, img.first);
+        let mut start = PAGE_SIZE;
+        for (low, f) in [(true, &img.low), (false, &img.high)] {
+            if let Some(k) = f {
+                start -= pad8(k.len());
+                self.0.write_bytes(start, k);
+                self.0.store(
+                    if low { W_LOW } else { W_HIGH },
+                    PRESENT | ((k.len() as u64) << 32) | start as u64,
+                );
+            }
+        }
+        for (i, it) in img.items.iter().enumerate() {
+            let bytes = 8 + pad8(it.key.len() + it.val.len());
+            start -= bytes;
+            self.write_record(start, &it.key, it.word, &it.val);
+            let m = Meta {
+                off: start,
+                klen: it.key.len(),
+                vlen: it.val.len(),
+                ghost: it.ghost,
+                ovf: it.ovf,
+            };
+            self.0.store(HDR_WORDS + 2 * i, head_of(&it.key));
+            self.0.store(HDR_WORDS + 2 * i + 1, m.encode());
+        }
+        self.set_data(start, PAGE_SIZE - start);
+    }
+
+    fn write_record(&self, at: usize, key: &[u8], word: u64, val: &[u8]) {
+        self.0.store(at / 8, word);
+        if val.is_empty() {
+            self.0.write_bytes(at + 8, key);
+        } else {
+            let mut kv = Vec::with_capacity(key.len() + val.len());
+            kv.extend_from_slice(key);
+            kv.extend_from_slice(val);
+            self.0.write_bytes(at + 8, &kv);
+        }
+    }
+
+    /// Inserts an entry at slot `i` if it fits (compacting the page if that makes room);
+    /// false if the page is too full. Exclusive latch.
+    pub fn insert(&self, i: usize, it: &Item) -> bool {
+        let need = it.size();
+        if self.gap() < need {
+            if self.free_total() < need {
+                return false;
+            }
+            let img = self.image();
+            self.write_image(&img);
+        }
+        let n = self.count();
+        let bytes = need - 16;
+        let start = self.data_start() - bytes;
+        self.write_record(start, &it.key, it.word, &it.val);
+        let s = HDR_WORDS + 2 * i;
+        self.0.move_words(s, s + 2, 2 * (n - i));
+        let m = Meta {
+            off: start,
+            klen: it.key.len(),
+            vlen: it.val.len(),
+            ghost: it.ghost,
+            ovf: it.ovf,
+        };
+        self.0.store(s, head_of(&it.key));
+        self.0.store(s + 1, m.encode());
+        self.set_count(n + 1);
+        self.set_data(start, self.used() + bytes);
+        true
+    }
+
+    /// Removes slot `i`. Exclusive latch.
+    pub fn remove(&self, i: usize) {
+        let n = self.count();
+        let bytes = self.meta(i).data_bytes();
+        let s = HDR_WORDS + 2 * i;
+        self.0.move_words(s + 2, s, 2 * (n - i - 1));
+        self.0
+            .zero_words(HDR_WORDS + 2 * (n - 1), HDR_WORDS + 2 * n);
+        self.set_count(n - 1);
+        self.set_data(self.data_start(), self.used().saturating_sub(bytes));
+    }
+
+    /// Replaces slot `i`'s value (inline bytes or overflow reference) and ghost bit, in place
+    /// when the size is unchanged; false if it does not fit (the slot is then unchanged).
+    /// Exclusive latch.
+    pub fn replace_value(&self, i: usize, val: &[u8], ovf: bool, ghost: bool, tid: u64) -> bool {
+        let m = self.meta(i);
+        if pad8(m.klen + m.vlen) == pad8(m.klen + val.len()) {
+            let key = self.key(i);
+            self.write_record(m.off, &key, tid, val);
+            let nm = Meta {
+                vlen: val.len(),
+                ghost,
+                ovf,
+                ..m
+            };
+            self.0.store(HDR_WORDS + 2 * i + 1, nm.encode());
+            return true;
+        }
+        let it = Item {
+            key: self.key(i),
+            word: tid,
+            val: val.to_vec(),
+            ghost,
+            ovf,
+        };
+        // Room once the old record is gone?
+        if self.free_total() + m.data_bytes() + 16 < it.size() {
+            return false;
+        }
+        self.remove(i);
+        let ok = self.insert(i, &it);
+        debug_assert!(ok);
+        ok
+    }
+
+    /// Makes the page a free page. Exclusive latch.
+    pub fn clear(&self) {
+        self.0.zero_words(0, HDR_WORDS);
+    }
+}
+
+/// The byte offset just after a record's key (where its value starts).
+fn pad8_key_end(off: usize, klen: usize) -> usize {
+    off + 8 + klen
+}
+
+/// Whether a value of `len` bytes is stored in overflow pages.
+pub fn is_overflow_len(len: usize) -> bool {
+    len > INLINE_VALUE
+}

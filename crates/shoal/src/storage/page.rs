@@ -1,0 +1,259 @@
+//! Fixed-size pages addressed by page id, and the store that holds them.
+//!
+//! **Page size: 32 KiB.** A page must hold a few records of the largest key the engine
+//! accepts (`Options::max_key_len`, 4 KiB by default, see [`MAX_KEY`]) next to two fence keys
+//! of that size: with 32 KiB, a leaf keeps at least three worst-case records (4 KiB key plus
+//! an inline value of up to [`INLINE_VALUE`] bytes) beside 8 KiB of fences, and an inner node
+//! five worst-case separators, so a split always leaves both halves non-empty. Smaller pages
+//! (4 or 16 KiB) would need suffix-truncated separators or keys in overflow pages for that
+//! guarantee. For the short keys of the benchmarks, a 32 KiB inner node has a fan-out of
+//! about a thousand (three levels for a billion rows) and a leaf holds some 240 TPC-B rows, so
+//! the slot shifting of an insert (half the slot array on average, a few KiB) stays below the
+//! cost of the cache misses of a descent. It is also a size LeanStore and vmcache support.
+//!
+//! **Resident store.** Every page is in memory: frames live in chunks that double in size
+//! (chunk `k` holds `2^k` frames, so a page id maps to its frame with one leading-zero
+//! count and no lock, and a frame never moves), allocated on demand, zeroed lazily by the
+//! allocator. Freed pages go on a free list and are reused first; frames are returned to the
+//! allocator only when the store is dropped, so a stale page id read by an optimistic reader
+//! always names valid memory. A buffer manager would keep the same interface (ids, `frame`,
+//! `alloc`, `free`) and add a residence check in `frame`.
+//!
+//! **Words, not bytes.** A page is an array of `AtomicU64`: readers read pages that writers
+//! may be changing at the same moment (optimistic lock coupling, see `olc.rs`), and only
+//! atomic accesses make that defined behaviour in Rust. Every access is `Relaxed` (a plain
+//! load or store on x86-64 and AArch64); the latch's fences order them. Byte strings are
+//! stored from 8-byte aligned offsets in little-endian word order.
+
+use std::alloc::Layout;
+use std::cmp::Ordering;
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering as AtomicOrdering};
+
+use parking_lot::Mutex;
+
+use super::olc::Latch;
+
+/// Bytes per page.
+pub const PAGE_SIZE: usize = 32 << 10;
+/// 8-byte words per page.
+pub const PAGE_WORDS: usize = PAGE_SIZE / 8;
+/// The longest key a page layout guarantees room for (the default `Options::max_key_len`).
+pub const MAX_KEY: usize = 4096;
+/// Values longer than this go to overflow pages (a sixteenth of a page).
+pub const INLINE_VALUE: usize = PAGE_SIZE / 16;
+
+/// The id of a page in its [`PageStore`].
+pub type PageId = u64;
+
+/// No page (end of an overflow chain).
+pub const NO_PAGE: PageId = u64::MAX;
+
+/// One page and its latch.
+#[repr(C, align(64))]
+pub struct Frame {
+    /// The optimistic latch (see `olc.rs`).
+    pub latch: Latch,
+    words: [AtomicU64; PAGE_WORDS],
+}
+
+impl Frame {
+    /// Word `w` (0 for an index outside the page: an optimistic reader may compute one
+    /// from a torn page; validation then rejects what it read).
+    #[inline]
+    pub fn load(&self, w: usize) -> u64 {
+        match self.words.get(w) {
+            Some(x) => x.load(AtomicOrdering::Relaxed),
+            None => 0,
+        }
+    }
+
+    /// Stores word `w`; called only under the exclusive latch, with in-page indices.
+    #[inline]
+    pub fn store(&self, w: usize, v: u64) {
+        if let Some(x) = self.words.get(w) {
+            x.store(v, AtomicOrdering::Relaxed);
+        }
+    }
+
+    /// Appends `len` bytes from byte offset `off` (8-aligned) to `out`, clamped to the page.
+    pub fn read_bytes(&self, off: usize, len: usize, out: &mut Vec<u8>) {
+        let end = off.saturating_add(len).min(PAGE_SIZE);
+        let mut at = off & !7;
+        while at < end {
+            let b = self.load(at / 8).to_le_bytes();
+            let take = (end - at).min(8);
+            out.extend_from_slice(&b[..take]);
+            at += 8;
+        }
+    }
+
+    /// Writes `bytes` at byte offset `off` (8-aligned), zero padding the last word.
+    pub fn write_bytes(&self, off: usize, bytes: &[u8]) {
+        debug_assert_eq!(off % 8, 0);
+        for (i, c) in bytes.chunks(8).enumerate() {
+            let mut b = [0u8; 8];
+            b[..c.len()].copy_from_slice(c);
+            self.store(off / 8 + i, u64::from_le_bytes(b));
+        }
+    }
+
+    /// Compares the `len` bytes at byte offset `off` (8-aligned) with `probe`.
+    pub fn cmp_bytes(&self, off: usize, len: usize, probe: &[u8]) -> Ordering {
+        let len = len.min(PAGE_SIZE.saturating_sub(off));
+        let mut i = 0;
+        while i < len && i < probe.len() {
+            let b = self.load((off + i) / 8).to_le_bytes();
+            let n = (len - i).min(8).min(probe.len() - i);
+            match b[..n].cmp(&probe[i..i + n]) {
+                Ordering::Equal => {}
+                o => return o,
+            }
+            i += 8;
+        }
+        len.cmp(&probe.len())
+    }
+
+    /// Moves `n` words from word `src` to word `dst` (overlap allowed); exclusive latch.
+    pub fn move_words(&self, src: usize, dst: usize, n: usize) {
+        if dst > src {
+            for i in (0..n).rev() {
+                self.store(dst + i, self.load(src + i));
+            }
+        } else {
+            for i in 0..n {
+                self.store(dst + i, self.load(src + i));
+            }
+        }
+    }
+
+    /// Zeroes words `from..to`; exclusive latch.
+    pub fn zero_words(&self, from: usize, to: usize) {
+        for w in from..to.min(PAGE_WORDS) {
+            self.store(w, 0);
+        }
+    }
+}
+
+/// Chunks of frames: chunk `k` holds `2^k` frames, pages `2^k - 1 .. 2^(k+1) - 1`.
+const CHUNKS: usize = 40;
+
+/// The pages of one tree, all resident, with a free list.
+pub struct PageStore {
+    chunks: [AtomicPtr<Frame>; CHUNKS],
+    /// Pages handed out so far (ids below are allocated or free).
+    next: Mutex<PageId>,
+    /// Freed pages, reused before new ones.
+    free: Mutex<Vec<PageId>>,
+}
+
+fn chunk_of(pid: PageId) -> (usize, usize) {
+    let n = pid.wrapping_add(1);
+    let k = 63 - n.leading_zeros() as usize;
+    (k, (n - (1u64 << k)) as usize)
+}
+
+fn chunk_layout(k: usize) -> Option<Layout> {
+    Layout::array::<Frame>(1usize << k).ok()
+}
+
+impl Default for PageStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl PageStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        PageStore {
+            chunks: std::array::from_fn(|_| AtomicPtr::new(std::ptr::null_mut())),
+            next: Mutex::new(0),
+            free: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The frame of page `pid`, or `None` if no such page was ever allocated (an optimistic
+    /// reader may hold a garbage id; it gets `None` or some valid frame, never a dangling
+    /// one).
+    #[inline]
+    pub fn frame(&self, pid: PageId) -> Option<&Frame> {
+        if pid == NO_PAGE {
+            return None;
+        }
+        let (k, i) = chunk_of(pid);
+        let p = self.chunks.get(k)?.load(AtomicOrdering::Acquire);
+        if p.is_null() {
+            return None;
+        }
+        // SAFETY: a non-null chunk pointer was stored by `alloc` after allocating `2^k`
+        // zeroed frames at it (all-zero bytes are valid atomics and a valid latch), `i <
+        // 2^k` by `chunk_of`, and a chunk is deallocated only in `Drop`, which `&self`
+        // excludes. Frames are only ever accessed through shared references (all their
+        // fields are atomics).
+        Some(unsafe { &*p.add(i) })
+    }
+
+    /// A page for a new node or overflow page: a freed one if any, else a new one. Its
+    /// contents are whatever it held before (the caller latches and rewrites it).
+    pub fn alloc(&self) -> PageId {
+        if let Some(p) = self.free.lock().pop() {
+            return p;
+        }
+        let mut next = self.next.lock();
+        let pid = *next;
+        let (k, _) = chunk_of(pid);
+        let slot = &self.chunks[k.min(CHUNKS - 1)];
+        if slot.load(AtomicOrdering::Acquire).is_null() {
+            let Some(layout) = chunk_layout(k) else {
+                // 2^39 frames of 32 KiB exceed any address space: unreachable in practice.
+                std::alloc::handle_alloc_error(Layout::new::<Frame>())
+            };
+            // SAFETY: `layout` has a non-zero size (at least one frame).
+            let p = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<Frame>();
+            if p.is_null() {
+                std::alloc::handle_alloc_error(layout);
+            }
+            slot.store(p, AtomicOrdering::Release);
+        }
+        *next += 1;
+        pid
+    }
+
+    /// Returns a page that nothing in the tree links to any more. Optimistic readers may
+    /// still read it (and fail validation); it is reused by a later `alloc`.
+    pub fn free(&self, pid: PageId) {
+        self.free.lock().push(pid);
+    }
+
+    /// Pages allocated and not free.
+    pub fn pages_in_use(&self) -> usize {
+        let next = *self.next.lock();
+        (next as usize).saturating_sub(self.free.lock().len())
+    }
+
+    /// Pages on the free list.
+    pub fn pages_free(&self) -> usize {
+        self.free.lock().len()
+    }
+
+    /// A copy of the free list (for invariant checks).
+    pub fn free_list(&self) -> Vec<PageId> {
+        self.free.lock().clone()
+    }
+}
+
+impl Drop for PageStore {
+    fn drop(&mut self) {
+        for (k, c) in self.chunks.iter().enumerate() {
+            let p = c.load(AtomicOrdering::Acquire);
+            if p.is_null() {
+                continue;
+            }
+            if let Some(layout) = chunk_layout(k) {
+                // SAFETY: `p` was allocated by `alloc` with exactly this layout and is freed
+                // once, here; `&mut self` means no frame reference is alive.
+                unsafe { std::alloc::dealloc(p.cast(), layout) };
+            }
+        }
+    }
+}

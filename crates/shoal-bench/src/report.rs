@@ -5,13 +5,14 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::time::Duration;
 
 use anyhow::Context;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
 use crate::config::Params;
-use crate::driver::TypeStats;
+use crate::driver::{RunStats, TypeStats};
 use crate::harness::RunResult;
 use crate::sweep::{json_name, Sweep, Value};
 
@@ -88,6 +89,37 @@ impl Aborts {
     }
 }
 
+/// A run's measurement window and what committed and aborted in it; in the JSON records of
+/// both drivers.
+#[derive(Clone, Debug, Serialize)]
+pub struct Window {
+    /// Configured measurement window, seconds.
+    pub duration_s: f64,
+    /// Configured warm-up, seconds.
+    pub warmup_s: f64,
+    /// Actual measurement window, seconds (throughput divides by this).
+    pub measured_s: f64,
+    /// Commits in the measurement window.
+    pub committed: u64,
+    /// Aborts in the measurement window, by reason.
+    #[serde(flatten)]
+    pub aborts: Aborts,
+}
+
+impl Window {
+    /// The window of a run measured for `measured_s` seconds (configured: `duration`
+    /// after `warmup`) with the counts of `s`.
+    pub fn new(duration: Duration, warmup: Duration, measured_s: f64, s: &RunStats) -> Window {
+        Window {
+            duration_s: duration.as_secs_f64(),
+            warmup_s: warmup.as_secs_f64(),
+            measured_s,
+            committed: s.committed,
+            aborts: Aborts::of(s.aborts),
+        }
+    }
+}
+
 /// One transaction type's measurements in a run's JSON record.
 #[derive(Clone, Debug, Serialize)]
 pub struct TypeRecord {
@@ -152,17 +184,9 @@ pub struct Record {
     pub options: BTreeMap<String, Value>,
     /// Every engine option of the run's database (swept or default), as the engine prints it.
     pub engine_options: String,
-    /// Configured measurement window, seconds.
-    pub duration_s: f64,
-    /// Configured warm-up, seconds.
-    pub warmup_s: f64,
-    /// Actual measurement window, seconds (throughput divides by this).
-    pub measured_s: f64,
-    /// Commits in the measurement window.
-    pub committed: u64,
-    /// Aborts in the measurement window, by reason.
+    /// The measurement window and what committed and aborted in it.
     #[serde(flatten)]
-    pub aborts: Aborts,
+    pub window: Window,
     /// Doppel: attempts stashed in the measurement window, each re-run in the next joined
     /// phase (not aborts; the wait counts in the latency).
     pub stashed: u64,
@@ -229,11 +253,7 @@ impl Record {
                 o
             },
             engine_options: format!("{:?}", r.cfg.options),
-            duration_s: params.duration.as_secs_f64(),
-            warmup_s: params.warmup.as_secs_f64(),
-            measured_s: s.measured.as_secs_f64(),
-            committed: s.committed,
-            aborts: Aborts::of(s.aborts),
+            window: Window::new(params.duration, params.warmup, s.measured.as_secs_f64(), s),
             stashed: s.stashed,
             doppel: s.doppel.clone(),
             rolled_back: s.rolled_back,
@@ -400,8 +420,11 @@ pub fn render_table(params: &Params, sweep: &Sweep, records: &[Record]) -> Strin
             })
             .collect();
         let l = &r.latency_us;
-        row.extend([format!("{:.0}", r.throughput), r.committed.to_string()]);
-        row.extend(r.aborts.cells());
+        row.extend([
+            format!("{:.0}", r.throughput),
+            r.window.committed.to_string(),
+        ]);
+        row.extend(r.window.aborts.cells());
         row.extend([
             r.stashed.to_string(),
             format!("{:.1}", l.p50),

@@ -77,6 +77,9 @@ impl Aborts {
         }
     }
 
+    /// The column names of [`cells`](Self::cells).
+    pub const HEADER: [&'static str; 4] = ["aborts", "deadlock", "timeout", "conflict"];
+
     /// The four counts as table cells.
     pub fn cells(&self) -> [String; 4] {
         [
@@ -392,33 +395,23 @@ pub fn render_table(params: &Params, sweep: &Sweep, records: &[Record]) -> Strin
     );
     let mut header: Vec<String> = cols.iter().map(|c| c.to_string()).collect();
     header.extend(
-        [
-            "tps",
-            "commits",
-            "aborts",
-            "deadlock",
-            "timeout",
-            "conflict",
-            "stashed",
-            "p50 µs",
-            "p99 µs",
-            "p99.9 µs",
-            "max µs",
-            "rss MiB",
-            "check",
-        ]
-        .map(String::from),
+        ["tps", "commits"]
+            .into_iter()
+            .chain(Aborts::HEADER)
+            .chain([
+                "stashed",
+                "p50 µs",
+                "p99 µs",
+                "p99.9 µs",
+                "max µs",
+                "rss MiB",
+                "check",
+            ])
+            .map(String::from),
     );
     let mut rows = vec![header];
     for r in records {
-        let mut row: Vec<String> = cols
-            .iter()
-            .map(|c| {
-                r.options
-                    .get(&json_name(c))
-                    .map_or_else(|| "-".to_string(), Value::to_string)
-            })
-            .collect();
+        let mut row = option_cells(&cols, r);
         let l = &r.latency_us;
         row.extend([
             format!("{:.0}", r.throughput),
@@ -445,28 +438,33 @@ pub fn render_table(params: &Params, sweep: &Sweep, records: &[Record]) -> Strin
     out
 }
 
+/// The values of the options `cols` in record `r` (`-` where it has none).
+fn option_cells(cols: &[&'static str], r: &Record) -> Vec<String> {
+    let cell = |c: &&str| {
+        r.options
+            .get(&json_name(c))
+            .map_or_else(|| "-".into(), Value::to_string)
+    };
+    cols.iter().map(cell).collect()
+}
+
 /// The per-transaction-type table: one row per run and type.
 fn render_per_type(cols: &[&'static str], records: &[Record]) -> String {
     let mut header: Vec<String> = cols.iter().map(|c| c.to_string()).collect();
     header.extend(
-        [
-            "type",
-            "tps",
-            "commits",
-            "rollbacks",
-            "aborts",
-            "deadlock",
-            "timeout",
-            "conflict",
-            "stashed",
-            "abort%",
-            "p50 µs",
-            "p90 µs",
-            "p99 µs",
-            "p99.9 µs",
-            "max µs",
-        ]
-        .map(String::from),
+        ["type", "tps", "commits", "rollbacks"]
+            .into_iter()
+            .chain(Aborts::HEADER)
+            .chain([
+                "stashed",
+                "abort%",
+                "p50 µs",
+                "p90 µs",
+                "p99 µs",
+                "p99.9 µs",
+                "max µs",
+            ])
+            .map(String::from),
     );
     let mut rows = vec![header];
     for r in records {
@@ -476,14 +474,7 @@ fn render_per_type(cols: &[&'static str], records: &[Record]) -> String {
             .iter()
             .filter(|t| t.committed + t.rolled_back + t.aborts.aborted > 0)
         {
-            let mut row: Vec<String> = cols
-                .iter()
-                .map(|c| {
-                    r.options
-                        .get(&json_name(c))
-                        .map_or_else(|| "-".to_string(), Value::to_string)
-                })
-                .collect();
+            let mut row = option_cells(cols, r);
             let l = &t.latency_us;
             row.extend([
                 t.name.clone(),

@@ -5,13 +5,14 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::time::Duration;
 
 use anyhow::Context;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
 use crate::config::Params;
-use crate::driver::TypeStats;
+use crate::driver::{RunStats, TypeStats};
 use crate::harness::RunResult;
 use crate::sweep::{json_name, Sweep, Value};
 
@@ -76,6 +77,9 @@ impl Aborts {
         }
     }
 
+    /// The column names of [`cells`](Self::cells).
+    pub const HEADER: [&'static str; 4] = ["aborts", "deadlock", "timeout", "conflict"];
+
     /// The four counts as table cells.
     pub fn cells(&self) -> [String; 4] {
         [
@@ -85,6 +89,37 @@ impl Aborts {
             self.aborted_conflict,
         ]
         .map(|n| n.to_string())
+    }
+}
+
+/// A run's measurement window and what committed and aborted in it; in the JSON records of
+/// both drivers.
+#[derive(Clone, Debug, Serialize)]
+pub struct Window {
+    /// Configured measurement window, seconds.
+    pub duration_s: f64,
+    /// Configured warm-up, seconds.
+    pub warmup_s: f64,
+    /// Actual measurement window, seconds (throughput divides by this).
+    pub measured_s: f64,
+    /// Commits in the measurement window.
+    pub committed: u64,
+    /// Aborts in the measurement window, by reason.
+    #[serde(flatten)]
+    pub aborts: Aborts,
+}
+
+impl Window {
+    /// The window of a run measured for `measured_s` seconds (configured: `duration`
+    /// after `warmup`) with the counts of `s`.
+    pub fn new(duration: Duration, warmup: Duration, measured_s: f64, s: &RunStats) -> Window {
+        Window {
+            duration_s: duration.as_secs_f64(),
+            warmup_s: warmup.as_secs_f64(),
+            measured_s,
+            committed: s.committed,
+            aborts: Aborts::of(s.aborts),
+        }
     }
 }
 
@@ -152,17 +187,9 @@ pub struct Record {
     pub options: BTreeMap<String, Value>,
     /// Every engine option of the run's database (swept or default), as the engine prints it.
     pub engine_options: String,
-    /// Configured measurement window, seconds.
-    pub duration_s: f64,
-    /// Configured warm-up, seconds.
-    pub warmup_s: f64,
-    /// Actual measurement window, seconds (throughput divides by this).
-    pub measured_s: f64,
-    /// Commits in the measurement window.
-    pub committed: u64,
-    /// Aborts in the measurement window, by reason.
+    /// The measurement window and what committed and aborted in it.
     #[serde(flatten)]
-    pub aborts: Aborts,
+    pub window: Window,
     /// Doppel: attempts stashed in the measurement window, each re-run in the next joined
     /// phase (not aborts; the wait counts in the latency).
     pub stashed: u64,
@@ -229,11 +256,7 @@ impl Record {
                 o
             },
             engine_options: format!("{:?}", r.cfg.options),
-            duration_s: params.duration.as_secs_f64(),
-            warmup_s: params.warmup.as_secs_f64(),
-            measured_s: s.measured.as_secs_f64(),
-            committed: s.committed,
-            aborts: Aborts::of(s.aborts),
+            window: Window::new(params.duration, params.warmup, s.measured.as_secs_f64(), s),
             stashed: s.stashed,
             doppel: s.doppel.clone(),
             rolled_back: s.rolled_back,
@@ -372,36 +395,29 @@ pub fn render_table(params: &Params, sweep: &Sweep, records: &[Record]) -> Strin
     );
     let mut header: Vec<String> = cols.iter().map(|c| c.to_string()).collect();
     header.extend(
-        [
-            "tps",
-            "commits",
-            "aborts",
-            "deadlock",
-            "timeout",
-            "conflict",
-            "stashed",
-            "p50 µs",
-            "p99 µs",
-            "p99.9 µs",
-            "max µs",
-            "rss MiB",
-            "check",
-        ]
-        .map(String::from),
+        ["tps", "commits"]
+            .into_iter()
+            .chain(Aborts::HEADER)
+            .chain([
+                "stashed",
+                "p50 µs",
+                "p99 µs",
+                "p99.9 µs",
+                "max µs",
+                "rss MiB",
+                "check",
+            ])
+            .map(String::from),
     );
     let mut rows = vec![header];
     for r in records {
-        let mut row: Vec<String> = cols
-            .iter()
-            .map(|c| {
-                r.options
-                    .get(&json_name(c))
-                    .map_or_else(|| "-".to_string(), Value::to_string)
-            })
-            .collect();
+        let mut row = option_cells(&cols, r);
         let l = &r.latency_us;
-        row.extend([format!("{:.0}", r.throughput), r.committed.to_string()]);
-        row.extend(r.aborts.cells());
+        row.extend([
+            format!("{:.0}", r.throughput),
+            r.window.committed.to_string(),
+        ]);
+        row.extend(r.window.aborts.cells());
         row.extend([
             r.stashed.to_string(),
             format!("{:.1}", l.p50),
@@ -422,28 +438,33 @@ pub fn render_table(params: &Params, sweep: &Sweep, records: &[Record]) -> Strin
     out
 }
 
+/// The values of the options `cols` in record `r` (`-` where it has none).
+fn option_cells(cols: &[&'static str], r: &Record) -> Vec<String> {
+    let cell = |c: &&str| {
+        r.options
+            .get(&json_name(c))
+            .map_or_else(|| "-".into(), Value::to_string)
+    };
+    cols.iter().map(cell).collect()
+}
+
 /// The per-transaction-type table: one row per run and type.
 fn render_per_type(cols: &[&'static str], records: &[Record]) -> String {
     let mut header: Vec<String> = cols.iter().map(|c| c.to_string()).collect();
     header.extend(
-        [
-            "type",
-            "tps",
-            "commits",
-            "rollbacks",
-            "aborts",
-            "deadlock",
-            "timeout",
-            "conflict",
-            "stashed",
-            "abort%",
-            "p50 µs",
-            "p90 µs",
-            "p99 µs",
-            "p99.9 µs",
-            "max µs",
-        ]
-        .map(String::from),
+        ["type", "tps", "commits", "rollbacks"]
+            .into_iter()
+            .chain(Aborts::HEADER)
+            .chain([
+                "stashed",
+                "abort%",
+                "p50 µs",
+                "p90 µs",
+                "p99 µs",
+                "p99.9 µs",
+                "max µs",
+            ])
+            .map(String::from),
     );
     let mut rows = vec![header];
     for r in records {
@@ -453,14 +474,7 @@ fn render_per_type(cols: &[&'static str], records: &[Record]) -> String {
             .iter()
             .filter(|t| t.committed + t.rolled_back + t.aborts.aborted > 0)
         {
-            let mut row: Vec<String> = cols
-                .iter()
-                .map(|c| {
-                    r.options
-                        .get(&json_name(c))
-                        .map_or_else(|| "-".to_string(), Value::to_string)
-                })
-                .collect();
+            let mut row = option_cells(cols, r);
             let l = &t.latency_us;
             row.extend([
                 t.name.clone(),

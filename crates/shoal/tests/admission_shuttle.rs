@@ -15,50 +15,15 @@
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 
-/// The primitives `gate.rs` uses, from shuttle.
+#[path = "common/shuttle_park.rs"]
+mod park;
+
+/// The primitives `gate.rs` uses, from shuttle (parking: `common/shuttle_park.rs`; the
+/// gate's escape is off in the model, `park_timeout` is `park`).
 mod sync {
     pub(super) use shuttle::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-    use shuttle::sync::atomic::AtomicBool;
-    use std::sync::Arc;
-
-    shuttle::thread_local! {
-        static TOKEN: Arc<AtomicBool> = Arc::new(AtomicBool::new(false));
-    }
-
-    /// A thread handle whose `unpark` sets the thread's token.
-    #[derive(Clone, Debug)]
-    pub(super) struct Thread {
-        inner: shuttle::thread::Thread,
-        token: Arc<AtomicBool>,
-    }
-
-    impl Thread {
-        pub(super) fn unpark(&self) {
-            self.token.store(true, Ordering::SeqCst);
-            self.inner.unpark();
-        }
-    }
-
-    pub(super) fn current() -> Thread {
-        Thread {
-            inner: shuttle::thread::current(),
-            token: TOKEN.with(Arc::clone),
-        }
-    }
-
-    /// The gate's escape is off in the model: never called.
-    pub(super) fn park_timeout(_: std::time::Duration) {
-        park()
-    }
-
-    /// No spurious wake-up: returns once the token is (or was) set.
-    pub(super) fn park() {
-        let token = TOKEN.with(Arc::clone);
-        while !token.swap(false, Ordering::SeqCst) {
-            shuttle::thread::park();
-        }
-    }
+    pub(super) use super::park::{current, park, park_timeout, Thread};
 
     /// The queue's mutex, with the one method the gate uses.
     pub(super) struct Mutex<T>(shuttle::sync::Mutex<T>);

@@ -5,12 +5,10 @@
 
 mod common;
 
-use std::sync::atomic::Ordering::SeqCst;
 use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use shoal::lock::dread::pipeline_handle;
 use shoal::lock::latchfree::LatchFreeLockTable;
 use shoal::lock::simple::SimpleLockTable;
 use shoal::lock::{DeadlockPolicy, LockFailure, LockId, LockMode, LockTable, Victim, WaitStyle};
@@ -84,31 +82,9 @@ fn is_deadlock(r: &Result<LockMode, LockFailure>) -> bool {
     matches!(r, Err(LockFailure::Deadlock { .. }))
 }
 
-/// Transactions 1 (older) and 2 each hold X on one key and then ask for the other's, with
-/// per-thread flush pipelines of `pipes` pending commits. Returns both results.
+/// [`common::two_cycle`] on `t` with the long timeout.
 fn two_cycle(t: &Arc<Table>, pipes: [u64; 2]) -> Vec<Result<LockMode, LockFailure>> {
-    let barrier = Arc::new(Barrier::new(2));
-    let hs: Vec<_> = [(1u64, 1u8, 2u8, pipes[0]), (2, 2, 1, pipes[1])]
-        .into_iter()
-        .map(|(txn, a, b, pending)| {
-            let (t, barrier) = (t.clone(), barrier.clone());
-            thread::spawn(move || {
-                let pipe = pipeline_handle();
-                pipe.store(pending, SeqCst);
-                t.t().lock(txn, &key(a), LockMode::X, LONG).unwrap();
-                barrier.wait();
-                let r = t.t().lock(txn, &key(b), LockMode::X, LONG);
-                if r.is_ok() {
-                    thread::sleep(Duration::from_millis(2));
-                    t.t().unlock(txn, &key(b));
-                }
-                t.t().unlock(txn, &key(a));
-                pipe.store(0, SeqCst);
-                r
-            })
-        })
-        .collect();
-    hs.into_iter().map(|h| h.join().unwrap()).collect()
+    common::two_cycle(t, Table::t, pipes, LONG)
 }
 
 /// Every table × every policy that resolves deadlocks: a 2-cycle ends in a deadlock victim

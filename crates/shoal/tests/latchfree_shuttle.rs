@@ -30,55 +30,18 @@ use shoal::lock::{
     TxnId, Victim,
 };
 
-/// The primitives `table.rs` uses, from shuttle. Parking is modelled without spurious
-/// wake-ups (shuttle's own `park` may wake spuriously whenever another task can run, which
-/// would hide a lost wake-up): a parked task returns only once its token was set by `unpark`.
+#[path = "common/shuttle_park.rs"]
+mod park;
+
+/// The primitives `table.rs` uses, from shuttle (parking without spurious wake-ups and
+/// without a timeout: `common/shuttle_park.rs`).
 mod sync {
     pub(super) use shuttle::sync::atomic::{
         fence, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering,
     };
     pub(super) use shuttle::thread::yield_now;
 
-    use shuttle::sync::atomic::AtomicBool;
-    use std::sync::Arc;
-    use std::time::Duration;
-
-    shuttle::thread_local! {
-        static TOKEN: Arc<AtomicBool> = Arc::new(AtomicBool::new(false));
-    }
-
-    /// A thread handle whose `unpark` sets the thread's token.
-    #[derive(Clone, Debug)]
-    pub(super) struct Thread {
-        inner: shuttle::thread::Thread,
-        token: Arc<AtomicBool>,
-    }
-
-    impl Thread {
-        pub(super) fn id(&self) -> shuttle::thread::ThreadId {
-            self.inner.id()
-        }
-
-        pub(super) fn unpark(&self) {
-            self.token.store(true, Ordering::SeqCst);
-            self.inner.unpark();
-        }
-    }
-
-    pub(super) fn current() -> Thread {
-        Thread {
-            inner: shuttle::thread::current(),
-            token: TOKEN.with(Arc::clone),
-        }
-    }
-
-    /// No timeout and no spurious wake-up: returns once the token is (or was) set.
-    pub(super) fn park_timeout(_: Duration) {
-        let token = TOKEN.with(Arc::clone);
-        while !token.swap(false, Ordering::SeqCst) {
-            shuttle::thread::park();
-        }
-    }
+    pub(super) use super::park::{current, park_timeout, Thread};
 }
 
 #[allow(dead_code)]

@@ -361,7 +361,6 @@ fn elr_tags_outlive_their_queue() {
 /// fewer pipelined commits waiting; kill-long the other one; kill-young the younger.
 #[test]
 fn victim_policies_pick_by_pipeline_length() {
-    use shoal::lock::dread::pipeline_handle;
     use shoal::lock::Victim;
     for (victim, expect_victim_txn) in [
         (Victim::KillYoung, 2u64),
@@ -372,29 +371,13 @@ fn victim_policies_pick_by_pipeline_length() {
             SimpleLockTable::new(DeadlockPolicy::Dreadlocks(WaitStyle::SleepBackoff))
                 .with_victim(victim),
         );
-        let barrier = Arc::new(Barrier::new(2));
         // txn 1 (older) runs on a thread with an empty pipeline, txn 2 on one with 5 pending.
-        let hs: Vec<_> = [(1u64, 1usize, 2usize, 0u64), (2, 2, 1, 5)]
-            .into_iter()
-            .map(|(txn, a, b, pending)| {
-                let (t, barrier) = (t.clone(), barrier.clone());
-                thread::spawn(move || {
-                    let pipe = pipeline_handle();
-                    pipe.store(pending, SeqCst);
-                    t.lock(txn, &key(a), LockMode::X, LONG).unwrap();
-                    barrier.wait();
-                    let r = t.lock(txn, &key(b), LockMode::X, LONG);
-                    if r.is_ok() {
-                        t.unlock(txn, &key(b));
-                    }
-                    t.unlock(txn, &key(a));
-                    pipe.store(0, SeqCst);
-                    (txn, r.is_err())
-                })
-            })
+        let rs = common::two_cycle(&t, |t| t, [0, 5], LONG);
+        let victims: Vec<u64> = (1..)
+            .zip(&rs)
+            .filter(|(_, r)| r.is_err())
+            .map(|(txn, _)| txn)
             .collect();
-        let rs: Vec<(u64, bool)> = hs.into_iter().map(|h| h.join().unwrap()).collect();
-        let victims: Vec<u64> = rs.iter().filter(|r| r.1).map(|r| r.0).collect();
         assert_eq!(victims, vec![expect_victim_txn], "{victim:?}");
     }
 }

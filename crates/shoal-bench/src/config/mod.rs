@@ -258,19 +258,23 @@ impl RunConfig {
         out
     }
 
-    /// A configuration for unit tests: scale 1, one thread, 2PL without log, plus the given
-    /// axes.
+    /// A configuration for unit tests: the `extra` options, and where they do not say
+    /// otherwise concurrency control `cc`, no log, two threads and seed 42 (the workload's
+    /// defaults for the rest: scale 1, read ratio 0, ...).
     #[cfg(test)]
-    pub fn for_test(extra: &[(&'static str, Value)]) -> RunConfig {
-        let mut p = Point(vec![
-            ("scale", Value::Int(1)),
-            ("cc", Value::from("2pl")),
+    pub fn for_test(cc: &str, extra: &[(&'static str, Value)]) -> RunConfig {
+        let mut p = Point(extra.to_vec());
+        let defaults = [
+            ("cc", Value::from(cc)),
             ("log", Value::from("none")),
-            ("threads", Value::Int(1)),
-            ("read-ratio", Value::Float(0.0)),
+            ("threads", Value::Int(2)),
             ("seed", Value::Int(42)),
-        ]);
-        p.0.extend(extra.iter().cloned());
+        ];
+        for (name, v) in defaults {
+            if p.get(name).is_none() {
+                p.0.push((name, v));
+            }
+        }
         RunConfig::from_point(&p).expect("a valid test configuration")
     }
 

@@ -88,8 +88,8 @@ pub(super) fn metric(m: Metric, r: &Record) -> f64 {
     match m {
         Metric::Throughput => r.throughput,
         Metric::ThroughputPerThread => r.throughput / threads(r).max(1.0),
-        Metric::Aborts => r.aborts.aborted as f64,
-        Metric::Completed => r.committed as f64,
+        Metric::Aborts => r.window.aborts.aborted as f64,
+        Metric::Completed => r.window.committed as f64,
         Metric::IntervalTps => r.throughput,
     }
 }
@@ -157,15 +157,15 @@ pub(super) fn render_csv(e: &Experiment, groups: &[Group], done: &[Done]) -> Str
             ",{},{:.1},{},{},{},{},{},{},{},{},{},{}",
             r.throughput,
             r.throughput / threads(r).max(1.0),
-            r.committed,
-            r.aborts.aborted,
-            r.aborts.aborted_deadlock,
-            r.aborts.aborted_lock_timeout,
-            r.aborts.aborted_conflict,
+            r.window.committed,
+            r.window.aborts.aborted,
+            r.window.aborts.aborted_deadlock,
+            r.window.aborts.aborted_lock_timeout,
+            r.window.aborts.aborted_conflict,
             r.rolled_back,
             r.latency_us.p50,
             r.latency_us.p99,
-            r.measured_s,
+            r.window.measured_s,
             r.consistent
         );
     }
@@ -244,12 +244,13 @@ pub(super) fn workload_changes(r: &Record) -> Vec<f64> {
     if every <= 0.0 {
         return Vec::new();
     }
-    let end = r.warmup_s + r.measured_s.max(r.duration_s);
+    let w = &r.window;
+    let end = w.warmup_s + w.measured_s.max(w.duration_s);
     (1..)
         .map(|k| k as f64 * every)
         .take_while(|&x| x < end)
-        .filter(|&x| x > r.warmup_s)
-        .map(|x| ((x - r.warmup_s) * 1e6).round() / 1e6)
+        .filter(|&x| x > w.warmup_s)
+        .map(|x| ((x - w.warmup_s) * 1e6).round() / 1e6)
         .collect()
 }
 

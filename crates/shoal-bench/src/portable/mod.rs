@@ -25,7 +25,7 @@ use crate::config::Log;
 use crate::dist::KeyDist;
 use crate::driver::{self, Adapter, Attempt, RunStats, WorkerLoop};
 use crate::engines::{Durability, EngineKind, KvEngine, KvSession, KvTx, TxError, TxResult};
-use crate::report::{self, Aborts, Latency};
+use crate::report::{self, Latency, Window};
 use crate::workloads::WorkloadKind;
 
 /// The options of `shoal bench` that only the portable path reads.
@@ -152,17 +152,9 @@ pub struct PortableRecord {
     pub seed: u64,
     /// Seconds the load took.
     pub load_s: f64,
-    /// Configured measurement window, seconds.
-    pub duration_s: f64,
-    /// Configured warm-up, seconds.
-    pub warmup_s: f64,
-    /// Actual measurement window, seconds.
-    pub measured_s: f64,
-    /// Commits in the window.
-    pub committed: u64,
-    /// Aborts in the window, by reason.
+    /// The measurement window and what committed and aborted in it.
     #[serde(flatten)]
-    pub aborts: Aborts,
+    pub window: Window,
     /// Commits per second in the window.
     pub throughput: f64,
     /// Throughput divided by shoal-2pl's on the same options, if shoal-2pl ran.
@@ -422,11 +414,7 @@ fn run_group<W: PortableWorkload>(
             options,
             seed: run.seed,
             load_s: (load_s * 100.0).round() / 100.0,
-            duration_s: p.duration.as_secs_f64(),
-            warmup_s: p.warmup.as_secs_f64(),
-            measured_s: (secs * 1000.0).round() / 1000.0,
-            committed: m.committed,
-            aborts: Aborts::of(m.aborts),
+            window: Window::new(p.duration, p.warmup, (secs * 1000.0).round() / 1000.0, &m),
             throughput: (m.throughput() * 10.0).round() / 10.0,
             vs_shoal_2pl: None,
             latency_us: Latency::from_ns(&m.latency_ns),
@@ -596,6 +584,7 @@ pub fn render_table(p: &PortableParams, records: &[PortableRecord]) -> String {
     let mut rows: Vec<Vec<String>> = vec![head.iter().map(|h| h.to_string()).collect()];
     for r in records {
         let opts: Vec<String> = r.options.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let a = &r.window.aborts;
         rows.push(vec![
             r.engine.clone(),
             r.log.clone(),
@@ -603,11 +592,11 @@ pub fn render_table(p: &PortableParams, records: &[PortableRecord]) -> String {
             r.threads.to_string(),
             format!("{:.0}", r.throughput),
             r.vs_shoal_2pl.map_or("-".into(), |v| format!("{v:.2}")),
-            r.committed.to_string(),
-            r.aborts.aborted.to_string(),
+            r.window.committed.to_string(),
+            a.aborted.to_string(),
             format!(
                 "{}/{}/{}",
-                r.aborts.aborted_deadlock, r.aborts.aborted_lock_timeout, r.aborts.aborted_conflict
+                a.aborted_deadlock, a.aborted_lock_timeout, a.aborted_conflict
             ),
             format!("{:.1}", r.latency_us.p50),
             format!("{:.1}", r.latency_us.p99),
@@ -658,7 +647,7 @@ mod tests {
         assert_eq!(records.len(), p.engines.len() * p.threads.len());
         for r in &records {
             assert!(r.check.starts_with("ok"), "{} {}", r.engine, r.check);
-            assert!(r.committed > 0, "{} committed nothing", r.engine);
+            assert!(r.window.committed > 0, "{} committed nothing", r.engine);
         }
         records
     }

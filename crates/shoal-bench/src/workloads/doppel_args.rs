@@ -34,7 +34,7 @@ impl Variant {
 pub struct DoppelArgs {
     /// incr1: share (0 to 1) of the transactions that ADD to the one hot counter.
     #[arg(long, value_delimiter = ',', value_name = "LIST", default_value = "0.5",
-          value_parser = parse_fraction)]
+          value_parser = crate::parse_ratio)]
     pub hot_fraction: Vec<f64>,
 
     /// incr1: move the hot counter every DURATION (`5s`, `500ms`) of wall-clock time since
@@ -50,7 +50,7 @@ pub struct DoppelArgs {
 
     /// like: share (0 to 1) of the transactions that write (like a page); the rest read.
     #[arg(long, value_delimiter = ',', value_name = "LIST", default_value = "0.5",
-          value_parser = parse_fraction)]
+          value_parser = crate::parse_ratio)]
     pub write_fraction: Vec<f64>,
 
     /// rubis: `b` (RUBiS-B, the bidding mix) or `c` (RUBiS-C: 50% StoreBid).
@@ -81,15 +81,6 @@ pub struct DoppelArgs {
 
 /// Most records `--split-top` labels.
 pub const MAX_SPLIT_TOP: u64 = 10_000;
-
-fn parse_fraction(s: &str) -> Result<f64, String> {
-    let v: f64 = s.trim().parse().map_err(|e| format!("{e}"))?;
-    if (0.0..=1.0).contains(&v) {
-        Ok(v)
-    } else {
-        Err(format!("{v} is not between 0 and 1"))
-    }
-}
 
 /// Parses `--hot-move-every`: a duration of at least 1 ms, kept as given for display.
 pub fn parse_hot_move(s: &str) -> Result<String, String> {

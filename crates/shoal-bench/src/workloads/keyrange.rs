@@ -162,7 +162,13 @@ mod tests {
         let db = Database::in_memory();
         let k = KeyRange::load(&db, 50, &ProgressBar::hidden()).unwrap();
         for (p, even) in [(1.0, true), (0.0, false)] {
-            let cfg = RunConfig::for_test(&[("existing-endpoints", Value::Float(p))]);
+            let cfg = RunConfig::for_test(
+                "2pl",
+                &[
+                    ("existing-endpoints", Value::Float(p)),
+                    ("threads", Value::Int(1)),
+                ],
+            );
             let mut w = k.worker(&cfg, 0, 0, 9);
             for _ in 0..500 {
                 k.next(&mut w);
@@ -179,7 +185,13 @@ mod tests {
     fn runs_and_checks() {
         let db = Database::in_memory();
         let k = KeyRange::load(&db, 20, &ProgressBar::hidden()).unwrap();
-        let cfg = RunConfig::for_test(&[("existing-endpoints", Value::Float(0.5))]);
+        let cfg = RunConfig::for_test(
+            "2pl",
+            &[
+                ("existing-endpoints", Value::Float(0.5)),
+                ("threads", Value::Int(1)),
+            ],
+        );
         let mut w = k.worker(&cfg, 0, 0, 1);
         for _ in 0..100 {
             k.next(&mut w);

@@ -219,34 +219,17 @@ pub trait Workload: Sync + Sized {
 #[cfg(test)]
 pub(crate) mod testutil {
     use super::*;
-    use crate::sweep::{Point, Value};
+    use crate::sweep::Value;
 
-    /// A 2PL, unlogged, one-thread run configuration of `workload` with the `extra` options.
-    pub fn config(workload: &str, extra: &[(&'static str, Value)]) -> RunConfig {
-        let _ = workload;
-        let mut p = vec![
-            ("scale", Value::Int(1)),
-            ("cc", Value::from("2pl")),
-            ("log", Value::from("none")),
-            ("threads", Value::Int(2)),
-            ("read-ratio", Value::Float(0.0)),
-            ("seed", Value::Int(42)),
-        ];
-        p.extend(extra.iter().cloned());
-        RunConfig::from_point(&Point(p)).expect("valid test configuration")
+    /// A 2PL, unlogged, two-thread run configuration with the `extra` options.
+    pub fn config(_workload: &str, extra: &[(&'static str, Value)]) -> RunConfig {
+        RunConfig::for_test("2pl", extra)
     }
 
     /// A run configuration of concurrency control `cc` (two threads, no log) with the
     /// `extra` options.
     pub fn config_cc(cc: &str, extra: &[(&'static str, Value)]) -> RunConfig {
-        let mut p = vec![
-            ("cc", Value::from(cc)),
-            ("log", Value::from("none")),
-            ("threads", Value::Int(2)),
-            ("seed", Value::Int(42)),
-        ];
-        p.extend(extra.iter().cloned());
-        RunConfig::from_point(&Point(p)).expect("valid test configuration")
+        RunConfig::for_test(cc, extra)
     }
 
     /// An in-memory database with `cfg`'s options; Doppel phases shortened to 2 ms.

@@ -430,7 +430,7 @@ mod tests {
         let db = Database::in_memory();
         let y = Ycsb::load(&db, 500, 8, 2, &ProgressBar::hidden()).unwrap();
         for (run, mix) in ["a", "b", "c", "d", "e", "f"].into_iter().enumerate() {
-            let cfg = RunConfig::for_test(&[("mix", mix.into())]);
+            let cfg = RunConfig::for_test("2pl", &[("mix", mix.into()), ("threads", 1u64.into())]);
             let mut w = y.worker(&cfg, run as u16, 0, 7);
             for _ in 0..300 {
                 y.next(&mut w);

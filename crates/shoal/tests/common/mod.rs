@@ -213,3 +213,40 @@ pub fn wait_until(what: &str, limit: Duration, cond: impl Fn() -> bool) {
         std::thread::sleep(Duration::from_millis(1));
     }
 }
+
+/// Transactions 1 (older) and 2 each hold X on one key of `table(t)` and then ask for the
+/// other's (waiting up to `timeout`), their threads' flush pipelines holding `pipes` pending
+/// commits. Returns both requests' results, transaction 1's first.
+pub fn two_cycle<T: Send + Sync + 'static>(
+    t: &std::sync::Arc<T>,
+    table: fn(&T) -> &dyn shoal::lock::LockTable,
+    pipes: [u64; 2],
+    timeout: Duration,
+) -> Vec<Result<shoal::LockMode, shoal::lock::LockFailure>> {
+    use std::sync::atomic::Ordering::SeqCst;
+    use std::sync::{Arc, Barrier};
+    let barrier = Arc::new(Barrier::new(2));
+    let hs: Vec<_> = [(1u64, 1u8, 2u8, pipes[0]), (2, 2, 1, pipes[1])]
+        .into_iter()
+        .map(|(txn, a, b, pending)| {
+            let (t, barrier) = (t.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                let t = table(&t);
+                let pipe = shoal::lock::dread::pipeline_handle();
+                pipe.store(pending, SeqCst);
+                t.lock(txn, &lock_key(a), shoal::LockMode::X, timeout)
+                    .unwrap();
+                barrier.wait();
+                let r = t.lock(txn, &lock_key(b), shoal::LockMode::X, timeout);
+                if r.is_ok() {
+                    std::thread::sleep(Duration::from_millis(2));
+                    t.unlock(txn, &lock_key(b));
+                }
+                t.unlock(txn, &lock_key(a));
+                pipe.store(0, SeqCst);
+                r
+            })
+        })
+        .collect();
+    hs.into_iter().map(|h| h.join().unwrap()).collect()
+}

@@ -7,6 +7,7 @@
 //! word 2, 3   low and high fence: present (bit 63) | length (bits 32..48) | offset (0..32)
 //! word 4      inner: the child below the first separator; overflow: the next page
 //! word 5      overflow: the bytes of the value in this page
+//! word 6      one more than the slot of the last insert (sequential-insert detection)
 //! word 8..    the slot array, two words a slot, growing up:
 //!               head  the key's first 8 bytes, zero padded, as a big-endian integer
 //!               meta  data offset (bits 0..16) | key length (16..32) | inline value length
@@ -53,6 +54,8 @@ const W_HIGH: usize = 3;
 pub const W_LINK: usize = 4;
 /// Bytes in an overflow page.
 pub const W_OVLEN: usize = 5;
+/// One more than the slot of the last insert (0: none since the page was written whole).
+const W_LAST: usize = 6;
 /// Words before the slot array (and before an overflow page's bytes).
 pub const HDR_WORDS: usize = 8;
 const HDR: usize = HDR_WORDS * 8;
@@ -306,11 +309,16 @@ impl<'a> Node<'a> {
 
     /// Reads `len` bytes at any byte offset.
     fn read_unaligned(&self, at: usize, len: usize, out: &mut Vec<u8>) {
-        let start = at & !7;
-        let skip = at - start;
-        let before = out.len();
-        self.0.read_bytes(start, len + skip, out);
-        out.drain(before..(before + skip).min(out.len()));
+        let end = at.saturating_add(len).min(PAGE_SIZE);
+        out.reserve(end.saturating_sub(at));
+        let mut i = at;
+        while i < end {
+            let b = self.0.load(i / 8).to_le_bytes();
+            let skip = i % 8;
+            let n = (8 - skip).min(end - i);
+            out.extend_from_slice(&b[skip..skip + n]);
+            i += n;
+        }
     }
 
     /// Orders slot `i`'s key against `p`.
@@ -494,14 +502,8 @@ impl<'a> Node<'a> {
 
     fn write_record(&self, at: usize, key: &[u8], word: u64, val: &[u8]) {
         self.0.store(at / 8, word);
-        if val.is_empty() {
-            self.0.write_bytes(at + 8, key);
-        } else {
-            let mut kv = Vec::with_capacity(key.len() + val.len());
-            kv.extend_from_slice(key);
-            kv.extend_from_slice(val);
-            self.0.write_bytes(at + 8, &kv);
-        }
+        self.0.write_bytes(at + 8, key);
+        self.0.write_unaligned(at + 8 + key.len(), val);
     }
 
     /// Inserts an entry at slot `i` if it fits (compacting the page if that makes room);
@@ -532,7 +534,14 @@ impl<'a> Node<'a> {
         self.0.store(s + 1, m.encode());
         self.set_count(n + 1);
         self.set_data(start, self.used() + bytes);
+        self.0.store(W_LAST, i as u64 + 1);
         true
+    }
+
+    /// True when an insert at slot `i` follows the last insert (at `i - 1`): a run of
+    /// ascending inserts into this page.
+    pub fn continues_run(&self, i: usize) -> bool {
+        i > 0 && self.0.load(W_LAST) == i as u64
     }
 
     /// Removes slot `i`. Exclusive latch.
@@ -553,8 +562,8 @@ impl<'a> Node<'a> {
     pub fn replace_value(&self, i: usize, val: &[u8], ovf: bool, ghost: bool, tid: u64) -> bool {
         let m = self.meta(i);
         if pad8(m.klen + m.vlen) == pad8(m.klen + val.len()) {
-            let key = self.key(i);
-            self.write_record(m.off, &key, tid, val);
+            self.0.store(m.off / 8, tid);
+            self.0.write_unaligned(m.off + 8 + m.klen, val);
             let nm = Meta {
                 vlen: val.len(),
                 ghost,

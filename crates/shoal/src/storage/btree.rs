@@ -53,7 +53,7 @@
 //! Deviations: merges are not guaranteed (an underfull node whose siblings are too full
 //! stays; no redistribution). A present record whose value grows past the room in its leaf
 //! on the optimistic path is stored in overflow pages even if it is short, rather than
-//! splitting the leaf. No prefix truncation: heads are a key's first 8 bytes. Readers never
+//! splitting the leaf. No prefix truncation: heads are a key's first 16 bytes. Readers never
 //! fall back to a shared latch, so a reader can in theory starve behind a stream of writers
 //! to the same page.
 
@@ -209,11 +209,11 @@ enum Target<'a> {
 
 /// Bytes an entry for a key of `klen` bytes takes at most with an inline value.
 fn max_entry(klen: usize) -> usize {
-    16 + 8 + ((klen + INLINE_VALUE + 7) & !7)
+    24 + 8 + ((klen + INLINE_VALUE + 7) & !7)
 }
 
 /// Bytes a separator takes at most.
-const MAX_SEP: usize = 16 + 8 + MAX_KEY;
+const MAX_SEP: usize = 24 + 8 + MAX_KEY;
 
 impl BTree {
     /// An empty tree whose nodes hold as many entries as fit in a page.

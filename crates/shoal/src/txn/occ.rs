@@ -5,9 +5,10 @@
 //!
 //! **TID words.** Every [`Record`] carries a `tid: u64`: the commit TID of the transaction that
 //! last wrote it, with the top bit ([`LOCK_BIT`]) as a lock bit that a committing writer holds
-//! while it validates, logs and installs. The word is only read or written under the B+-tree
-//! leaf latch, so a reader copies value and TID atomically under the leaf *read* latch and the
-//! latch itself is the "atomic word" of Silo. A reader that finds the lock bit set retries
+//! while it validates, logs and installs. The word sits in the record in its B+-tree page; it
+//! is written only under the leaf's exclusive latch and read with the value in one
+//! version-validated copy of the leaf (optimistic lock coupling, `storage/btree.rs`), so a
+//! reader gets value and TID atomically and the page version is the "atomic word" of Silo. A reader that finds the lock bit set retries
 //! (spinning briefly, then yielding) and gives up with [`Error::Conflict`] after a few
 //! milliseconds.
 //!
@@ -198,7 +199,7 @@ fn locked(tid: u64) -> bool {
 /// What a read found: what to record and the live value; `None` while the record is locked.
 type Found = Option<(Seen, Option<Vec<u8>>)>;
 
-/// Value and TID of `key` copied under the leaf read latch; `None` while a committer holds
+/// Value and TID of `key` in one validated copy of its leaf; `None` while a committer holds
 /// the record's lock bit. Also the hint of the leaf (tried first when `hint` is given).
 fn read_once(tree: &BTree, key: &[u8], hint: Option<LeafHint>) -> (Found, LeafHint) {
     tree.get_hinted(key, hint, |rec| match rec {

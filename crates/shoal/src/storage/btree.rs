@@ -53,7 +53,7 @@
 //! Deviations: merges are not guaranteed (an underfull node whose siblings are too full
 //! stays; no redistribution). A present record whose value grows past the room in its leaf
 //! on the optimistic path is stored in overflow pages even if it is short, rather than
-//! splitting the leaf. No prefix truncation: heads are a key's first 8 bytes. Readers never
+//! splitting the leaf. No prefix truncation: heads are a key's first 16 bytes. Readers never
 //! fall back to a shared latch, so a reader can in theory starve behind a stream of writers
 //! to the same page.
 
@@ -209,11 +209,11 @@ enum Target<'a> {
 
 /// Bytes an entry for a key of `klen` bytes takes at most with an inline value.
 fn max_entry(klen: usize) -> usize {
-    16 + 8 + ((klen + INLINE_VALUE + 7) & !7)
+    24 + 8 + ((klen + INLINE_VALUE + 7) & !7)
 }
 
 /// Bytes a separator takes at most.
-const MAX_SEP: usize = 16 + 8 + MAX_KEY;
+const MAX_SEP: usize = 24 + 8 + MAX_KEY;
 
 impl BTree {
     /// An empty tree whose nodes hold as many entries as fit in a page.
@@ -408,7 +408,7 @@ impl BTree {
     /// assert!(t.is_empty());
     /// ```
     pub fn update<R>(&self, key: &[u8], f: impl FnOnce(&mut Option<Record>) -> R) -> R {
-        self.update_impl(&Probe::new(key), None, |slot, _| f(slot))
+        self.update_impl(&Probe::new(key), None, false, |slot, _| f(slot))
             .0
     }
 
@@ -422,7 +422,7 @@ impl BTree {
         key: &[u8],
         f: impl FnOnce(&mut Option<Record>, Option<Option<&[u8]>>) -> R,
     ) -> R {
-        self.update_impl(&Probe::new(key), None, f).0
+        self.update_impl(&Probe::new(key), None, true, f).0
     }
 
     /// Like [`update`](Self::update), and first tries the leaf `hint` names (see
@@ -441,13 +441,14 @@ impl BTree {
         hint: Option<LeafHint>,
         f: impl FnOnce(&mut Option<Record>) -> R,
     ) -> (R, LeafHint) {
-        let (r, pid) = self.update_impl(&Probe::new(key), hint, |slot, _| f(slot));
+        let (r, pid) = self.update_impl(&Probe::new(key), hint, false, |slot, _| f(slot));
         (r, self.hint(pid))
     }
 
-    /// Whether `f` on `p`'s slot in `n` (exclusively latched) can do without a split.
-    fn room_for(&self, n: Node<'_>, p: &Probe<'_>) -> bool {
-        match n.search(p) {
+    /// Whether `f` on `p`'s slot in `n` (exclusively latched) can do without a split, given
+    /// `found`, `n.search(p)`.
+    fn room_for(&self, n: Node<'_>, p: &Probe<'_>, found: Result<usize, usize>) -> bool {
+        match found {
             // At most 16 bytes more: an overflow reference instead of a shorter value.
             Ok(_) => n.free_total() >= 16,
             Err(_) => n.count() < self.leaf_cap && n.free_total() >= max_entry(p.bytes.len()),
@@ -458,6 +459,7 @@ impl BTree {
         &self,
         p: &Probe<'_>,
         hint: Option<LeafHint>,
+        want_prior: bool,
         f: impl FnOnce(&mut Option<Record>, Option<Option<&[u8]>>) -> R,
     ) -> (R, PageId) {
         let mut hint = hint;
@@ -471,11 +473,12 @@ impl BTree {
                 continue;
             }
             let n = Node(fr);
-            if !self.room_for(n, p) {
+            let found = n.search(p);
+            if !self.room_for(n, p, found) {
                 fr.latch.unlock_unchanged(v);
                 break;
             }
-            match self.apply(n, p, f) {
+            match self.apply(n, p, found, want_prior, f) {
                 Applied::Done(r, shrank) => {
                     fr.latch.unlock();
                     if shrank {
@@ -486,24 +489,26 @@ impl BTree {
                 Applied::Split(..) => unreachable!("room_for guarantees room for the entry"),
             }
         }
-        self.update_pessimistic(p, f)
+        self.update_pessimistic(p, want_prior, f)
     }
 
-    /// Runs `f` on `p`'s slot in the exclusively latched leaf `n` and stores the result.
+    /// Runs `f` on `p`'s slot in the exclusively latched leaf `n` and stores the result;
+    /// `f` is told the prior key only if `want_prior` (else `None`, saving a copy).
     fn apply<R>(
         &self,
         n: Node<'_>,
         p: &Probe<'_>,
+        found: Result<usize, usize>,
+        want_prior: bool,
         f: impl FnOnce(&mut Option<Record>, Option<Option<&[u8]>>) -> R,
     ) -> Applied<R> {
-        let found = n.search(p);
         let i = match found {
             Ok(i) | Err(i) => i,
         };
-        let prior_key = (i > 0).then(|| n.key(i - 1));
+        let prior_key = (want_prior && i > 0).then(|| n.key(i - 1));
         let prior = match &prior_key {
             Some(k) => Some(Some(&k[..])),
-            None if n.starts_at_neg_inf() => Some(None),
+            None if want_prior && n.starts_at_neg_inf() => Some(None),
             None => None,
         };
         let underfull_before = self.underfull(n);
@@ -592,19 +597,22 @@ impl BTree {
     fn update_pessimistic<R>(
         &self,
         p: &Probe<'_>,
+        want_prior: bool,
         f: impl FnOnce(&mut Option<Record>, Option<Option<&[u8]>>) -> R,
     ) -> (R, PageId) {
         let root = self.frame_of(ROOT);
         let mut cur_v = root.latch.lock();
         let rn = Node(root);
         let mut cur_changed = false;
-        if (rn.is_leaf() && !self.room_for(rn, p)) || (!rn.is_leaf() && self.inner_full(rn)) {
+        if (rn.is_leaf() && !self.room_for(rn, p, rn.search(p)))
+            || (!rn.is_leaf() && self.inner_full(rn))
+        {
             self.split_root();
             cur_changed = true;
         }
         if rn.is_leaf() {
             // The root leaf has room now.
-            let out = match self.apply(rn, p, f) {
+            let out = match self.apply(rn, p, rn.search(p), want_prior, f) {
                 Applied::Done(r, shrank) => (r, shrank),
                 Applied::Split(..) => unreachable!("a split root leaves room for the entry"),
             };
@@ -623,7 +631,7 @@ impl BTree {
             let cv = cf.latch.lock();
             let cn = Node(cf);
             if cn.is_leaf() {
-                let (r, at, shrank) = match self.apply(cn, p, f) {
+                let (r, at, shrank) = match self.apply(cn, p, cn.search(p), want_prior, f) {
                     Applied::Done(r, shrank) => (r, c, shrank),
                     Applied::Split(r, j, it) => {
                         cur_changed = true;
@@ -660,13 +668,9 @@ impl BTree {
         n.count() >= self.inner_cap || n.free_total() < MAX_SEP
     }
 
-    /// Where to split `items` (1..len): the left keeps everything before the new entry when
-    /// it is the greatest (`append`), else about half the bytes.
-    fn split_point(items: &[Item], append: bool) -> usize {
+    /// Where to split `items` (1..len) to halve their bytes.
+    fn split_point(items: &[Item]) -> usize {
         let n = items.len();
-        if append && n >= 2 {
-            return n - 1;
-        }
         let total: usize = items.iter().map(Item::size).sum();
         let mut acc = 0;
         for (i, it) in items.iter().enumerate() {
@@ -702,12 +706,20 @@ impl BTree {
     ) -> PageId {
         let lf = self.frame_of(leaf);
         let mut img = Node(lf).image();
-        let mut append = false;
+        let mut run_at = None;
         if let Some((j, it)) = pending {
-            append = j == img.items.len();
+            // An ascending run (the greatest key, or the key after the last insert): split
+            // at the new entry, so that the left page stays full and the run goes on in
+            // the right one.
+            if j == img.items.len() || Node(lf).continues_run(j) {
+                run_at = Some(j);
+            }
             img.items.insert(j, it);
         }
-        let mut s = Self::split_point(&img.items, append);
+        let mut s = match run_at {
+            Some(j) if j > 0 => j,
+            _ => Self::split_point(&img.items),
+        };
         let fits = |img: &Image, s: usize| {
             let sep = &img.items[s].key;
             let l: usize = img.items[..s].iter().map(Item::size).sum();
@@ -721,8 +733,13 @@ impl BTree {
                 && img.items.len() - s <= self.leaf_cap
         };
         if !fits(&img, s) {
-            s = (1..img.items.len())
-                .find(|&s| fits(&img, s))
+            // The nearest split point that fits (the fences change the sizes: a full leaf
+            // that gets a high fence no longer fits as it is).
+            let n = img.items.len();
+            s = (1..n)
+                .flat_map(|d| [s.checked_sub(d), Some(s + d)])
+                .flatten()
+                .find(|&c| (1..n).contains(&c) && fits(&img, c))
                 .unwrap_or_else(|| unreachable!("some split of a leaf fits"));
         }
         let right_items = img.items.split_off(s);
@@ -760,7 +777,7 @@ impl BTree {
 
     /// Splits an inner node's image into left, the separator that goes up, and right.
     fn halve_inner(mut img: Image) -> (Image, Vec<u8>, Image) {
-        let s = Self::split_point(&img.items, false)
+        let s = Self::split_point(&img.items)
             .min(img.items.len().saturating_sub(2))
             .max(1);
         let mut rest = img.items.split_off(s);
@@ -784,7 +801,7 @@ impl BTree {
         let was_leaf = img.kind == KIND_LEAF;
         let (left, sep, right) = if was_leaf {
             let mut img = img;
-            let s = Self::split_point(&img.items, false);
+            let s = Self::split_point(&img.items);
             let right_items = img.items.split_off(s);
             let sep = right_items[0].key.clone();
             let right = Image {

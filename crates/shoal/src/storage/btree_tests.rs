@@ -878,3 +878,36 @@ fn optimistic_readers_never_see_torn_records_during_splits_and_merges() {
     }
     assert_eq!(t.check_invariants(), Ok(()));
 }
+
+#[test]
+fn appends_that_add_a_high_fence_still_split_at_the_right_edge() {
+    // Full leaves whose keys all share a district prefix, appended to at the end of each
+    // district: the left page of an append split keeps nearly everything even though it
+    // gains a high fence.
+    let t = BTree::new();
+    for d in 0..4u8 {
+        for o in 0..5_000u32 {
+            let mut k = vec![d];
+            k.extend_from_slice(&o.to_be_bytes());
+            t.update(&k, |s| *s = Some(Record::default()));
+        }
+    }
+    // Then append to each district in turn.
+    for o in 5_000..20_000u32 {
+        for d in 0..4u8 {
+            let mut k = vec![d];
+            k.extend_from_slice(&o.to_be_bytes());
+            t.update(&k, |s| *s = Some(Record::default()));
+        }
+    }
+    assert_eq!(t.check_invariants(), Ok(()));
+    let s = t.stats();
+    // 80,000 entries of 32 + 8 bytes: about 100 leaves when the run splits leave the left
+    // pages full, about 200 at half full, and thousands if they misfire.
+    assert!(
+        s.leaves <= 140,
+        "{} leaves for {} entries",
+        s.leaves,
+        s.entries
+    );
+}

@@ -16,7 +16,13 @@
 //! `Relaxed` (so a racing read is never undefined behaviour, only a stale or torn value that
 //! validation rejects); a writer's lock is followed by a release fence, and a reader's
 //! validation is preceded by an acquire fence, so a reader that saw any word a writer stored
-//! also sees that writer's odd version.
+//! also sees that writer's odd version. The version loads and the latching compare-exchange
+//! are `SeqCst` (a plain load on x86-64, the same instruction as `Acquire` on AArch64): a
+//! read validated at a version then precedes, in the single total order of sequentially
+//! consistent operations, the latch of the next writer, and with it everything that writer
+//! does afterwards. Ghost reclamation under optimistic concurrency control (`txn/reclaim.rs`)
+//! relies on that: a reader's epoch pin, made before its read, is seen by the committer that
+//! deleted the record it read.
 //!
 //! This file reaches its atomics only through `super::sync`, so the shuttle model
 //! (`tests/storage_shuttle.rs`) compiles it against shuttle's.
@@ -45,7 +51,7 @@ impl Latch {
     pub fn optimistic(&self) -> u64 {
         let mut spins = 0u32;
         loop {
-            let v = self.v.load(Ordering::Acquire);
+            let v = self.v.load(Ordering::SeqCst);
             if v & LOCKED == 0 {
                 return v;
             }
@@ -56,7 +62,7 @@ impl Latch {
     /// The current version, or `None` while a writer holds the latch (no waiting).
     #[inline]
     pub fn try_optimistic(&self) -> Option<u64> {
-        let v = self.v.load(Ordering::Acquire);
+        let v = self.v.load(Ordering::SeqCst);
         (v & LOCKED == 0).then_some(v)
     }
 
@@ -65,7 +71,7 @@ impl Latch {
     #[inline]
     pub fn validate(&self, v: u64) -> bool {
         fence(Ordering::Acquire);
-        self.v.load(Ordering::Relaxed) == v
+        self.v.load(Ordering::SeqCst) == v
     }
 
     /// Latches exclusively if the version is still `v`.
@@ -73,7 +79,7 @@ impl Latch {
     pub fn try_upgrade(&self, v: u64) -> bool {
         if self
             .v
-            .compare_exchange(v, v | LOCKED, Ordering::Acquire, Ordering::Relaxed)
+            .compare_exchange(v, v | LOCKED, Ordering::SeqCst, Ordering::Relaxed)
             .is_err()
         {
             return false;

@@ -79,6 +79,7 @@ impl Frame {
     pub fn read_bytes(&self, off: usize, len: usize, out: &mut Vec<u8>) {
         let end = off.saturating_add(len).min(PAGE_SIZE);
         let mut at = off & !7;
+        out.reserve(end.saturating_sub(at));
         while at < end {
             let b = self.load(at / 8).to_le_bytes();
             let take = (end - at).min(8);
@@ -94,6 +95,21 @@ impl Frame {
             let mut b = [0u8; 8];
             b[..c.len()].copy_from_slice(c);
             self.store(off / 8 + i, u64::from_le_bytes(b));
+        }
+    }
+
+    /// Writes `bytes` at any byte offset, keeping the other bytes of the words it touches.
+    pub fn write_unaligned(&self, off: usize, bytes: &[u8]) {
+        let mut i = 0;
+        while i < bytes.len() {
+            let at = off + i;
+            let w = at / 8;
+            let skip = at % 8;
+            let n = (8 - skip).min(bytes.len() - i);
+            let mut b = self.load(w).to_le_bytes();
+            b[skip..skip + n].copy_from_slice(&bytes[i..i + n]);
+            self.store(w, u64::from_le_bytes(b));
+            i += n;
         }
     }
 

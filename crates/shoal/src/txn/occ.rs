@@ -5,9 +5,10 @@
 //!
 //! **TID words.** Every [`Record`] carries a `tid: u64`: the commit TID of the transaction that
 //! last wrote it, with the top bit ([`LOCK_BIT`]) as a lock bit that a committing writer holds
-//! while it validates, logs and installs. The word is only read or written under the B+-tree
-//! leaf latch, so a reader copies value and TID atomically under the leaf *read* latch and the
-//! latch itself is the "atomic word" of Silo. A reader that finds the lock bit set retries
+//! while it validates, logs and installs. The word sits in the record in its B+-tree page; it
+//! is written only under the leaf's exclusive latch and read with the value in one
+//! version-validated copy of the leaf (optimistic lock coupling, `storage/btree.rs`), so a
+//! reader gets value and TID atomically and the page version is the "atomic word" of Silo. A reader that finds the lock bit set retries
 //! (spinning briefly, then yielding) and gives up with [`Error::Conflict`] after a few
 //! milliseconds.
 //!

@@ -18,9 +18,9 @@
 //! installed ghosts tags them with the epoch it then advances (`fetch_add`), and a ghost goes
 //! once every pinned slot holds a later epoch. A transaction whose read preceded the delete
 //! pinned before that read, so before the install, so before the tag was drawn: its slot
-//! holds an epoch at or below the tag until it ends. (The happens-before chain runs through
-//! the leaf latch its read and the inserter's write both took, and through this module's
-//! mutex to the collector; atomics are sequentially consistent anyway.) Transactions that
+//! holds an epoch at or below the tag until it ends. (The order runs through the leaf's
+//! page version, which the read validated and the writer's latch changed, both sequentially
+//! consistent (`storage/olc.rs`), and through this module's mutex to the collector.) Transactions that
 //! pinned later may see the ghost and then not find it: validation compares TIDs and scanned
 //! key sets, so that shows as a change and aborts them, conservatively. A ghost is removed
 //! only if it is still the same ghost (ghost bit, the delete's TID, no lock bit), and commit

@@ -1,6 +1,7 @@
 //! TID words (Silo §4.2): the lock bit, reading a record with its TID, taking and giving up
-//! a committer's lock bits, and validating what a transaction read. The word is only read or
-//! written under the leaf latch of the B+-tree, which makes the latch Silo's atomic word.
+//! a committer's lock bits, and validating what a transaction read. The word is written only
+//! under the leaf's exclusive latch and read in one version-validated copy of the leaf
+//! (optimistic lock coupling), which makes the page version Silo's atomic word.
 
 use std::time::{Duration, Instant};
 
@@ -50,7 +51,7 @@ pub(super) fn locked(tid: u64) -> bool {
 /// What a read found: what to record and the live value; `None` while the record is locked.
 pub(super) type Found = Option<(Seen, Option<Vec<u8>>)>;
 
-/// Value and TID of `key` copied under the leaf read latch; `None` while a committer holds
+/// Value and TID of `key` in one version-validated copy of its leaf; `None` while a committer holds
 /// the record's lock bit. Also the hint of the leaf (tried first when `hint` is given).
 pub(super) fn read_once(tree: &BTree, key: &[u8], hint: Option<LeafHint>) -> (Found, LeafHint) {
     tree.get_hinted(key, hint, |rec| match rec {

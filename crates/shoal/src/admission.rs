@@ -88,6 +88,8 @@
 //! # Ok::<(), shoal::Error>(())
 //! ```
 
+#[path = "admission/commit.rs"]
+mod commit;
 #[path = "admission/gate.rs"]
 mod gate;
 
@@ -96,6 +98,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
+pub(crate) use commit::commit_wait;
 pub(crate) use gate::Gate;
 
 /// The primitives the hand-over uses (`std` and `parking_lot` here; `shuttle`'s in the

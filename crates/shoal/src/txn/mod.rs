@@ -1395,7 +1395,7 @@ impl<'db> Transaction<'db> {
             self.finished = true;
             self.release_all();
             if elr == Elr::Sx && self.max_tag > log.durable() {
-                log.wait_durable(self.max_tag)?;
+                crate::admission::commit_wait(log, self.max_tag, false)?;
             }
             return Ok(CommitTicket::done());
         }
@@ -1432,7 +1432,11 @@ impl<'db> Transaction<'db> {
         }
         match mode {
             LogMode::Sync => {
-                let r = log.wait_durable(end);
+                let r = crate::admission::commit_wait(
+                    log,
+                    end,
+                    !self.held.is_empty() || !self.intents.is_empty(),
+                );
                 if r.is_err() {
                     self.rollback();
                 }

@@ -620,7 +620,9 @@ impl Transaction<'_> {
                 return Ok(CommitTicket::done());
             }
             return match mode {
-                LogMode::Sync => log.wait_durable(upto).map(|()| CommitTicket::done()),
+                LogMode::Sync => {
+                    crate::admission::commit_wait(log, upto, false).map(|()| CommitTicket::done())
+                }
                 LogMode::Pipelined => {
                     let ticket = CommitTicket::pending();
                     let state = ticket.state.clone();
@@ -774,7 +776,9 @@ impl Transaction<'_> {
             return Ok(CommitTicket::done());
         };
         match mode {
-            LogMode::Sync => log.wait_durable(end).map(|()| CommitTicket::done()),
+            LogMode::Sync => {
+                crate::admission::commit_wait(log, end, false).map(|()| CommitTicket::done())
+            }
             LogMode::Pipelined => {
                 let ticket = CommitTicket::pending();
                 let state = ticket.state.clone();

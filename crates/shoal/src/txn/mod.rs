@@ -33,7 +33,6 @@
 //! Writes are applied in place with an undo list; abort restores before-images (a record that
 //! did not exist becomes a ghost).
 
-use std::cell::Cell;
 use std::ops::{Bound, Range, RangeFrom, RangeFull, RangeInclusive, RangeTo, RangeToInclusive};
 use std::time::Duration;
 
@@ -50,6 +49,7 @@ use crate::lock::{LockFailure, LockId, LockMode, TxnId};
 use crate::log::record::{LogRecord, Write as LogWrite};
 use crate::storage::btree::Record;
 
+pub(crate) mod backoff;
 mod epoch;
 mod extra;
 pub(crate) mod occ;
@@ -63,42 +63,6 @@ mod epoch_sync {
 
 /// Entries read from the tree per scan round; each round is locked and validated on its own.
 const SCAN_CHUNK: usize = 256;
-
-thread_local! {
-    static RNG: Cell<u64> = const { Cell::new(0) };
-}
-
-fn next_random() -> u64 {
-    RNG.with(|r| {
-        let mut x = r.get();
-        if x == 0 {
-            // Seed from the address of a stack value and the clock: distinct per thread.
-            let t = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(1);
-            x = t ^ (&x as *const u64 as u64).rotate_left(32) | 1;
-        }
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        r.set(x);
-        x
-    })
-}
-
-/// Sleeps a randomized, exponentially growing delay before retry number `attempt`
-/// (1 µs doubling up to about 1 ms, uniformly jittered), so that transactions that collided
-/// do not collide again in lockstep.
-pub(crate) fn backoff(attempt: u32) {
-    let cap_ns: u64 = 1_000u64 << attempt.min(10);
-    let ns = next_random() % cap_ns;
-    if ns < 2_000 {
-        std::thread::yield_now();
-    } else {
-        std::thread::sleep(Duration::from_nanos(ns));
-    }
-}
 
 /// One undo entry: the before-image of a record this transaction changed.
 struct Undo {

@@ -35,7 +35,12 @@
 //!   a wait for the log to be durable (sync commits, safe SX-ELR read-only commits), a
 //!   Doppel `begin` waiting for a phase change, and the serial mode's mutex. A thread that
 //!   comes back from a wait queues as a *resumer*: resumers are served before threads that
-//!   begin a transaction, because they may hold locks others wait for.
+//!   begin a transaction, because they may hold locks others wait for. A commit's own wait
+//!   for the log (`admission/commit.rs`) does better: its thread is queued for a slot by
+//!   the log flusher once the commit is durable, as a beginner (it holds nothing), and
+//!   wakes only when it is handed one, which it keeps for its next transaction; one that
+//!   still holds locks (no early lock release) is woken at once and releases them without
+//!   a slot.
 //! - **The quantum**: a thread that commits keeps its slot (marked *kept*, still its own,
 //!   one store to its own slot's line) and takes it back at its next `begin` with one
 //!   compare-and-swap on the same line. With no thread waiting that is all the gate costs
@@ -88,6 +93,8 @@
 //! # Ok::<(), shoal::Error>(())
 //! ```
 
+#[path = "admission/commit.rs"]
+mod commit;
 #[path = "admission/gate.rs"]
 mod gate;
 
@@ -96,6 +103,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
+pub(crate) use commit::commit_wait;
 pub(crate) use gate::Gate;
 
 /// The primitives the hand-over uses (`std` and `parking_lot` here; `shuttle`'s in the

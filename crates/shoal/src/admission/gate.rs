@@ -49,7 +49,7 @@ pub fn idle(token: u32, seq: u32) -> u64 {
 }
 
 /// A parked thread waiting for a slot.
-struct Waiter {
+pub struct Waiter {
     thread: Thread,
     token: u32,
     /// The slot it was handed (`NONE` until then).
@@ -57,6 +57,26 @@ struct Waiter {
 }
 
 impl Waiter {
+    /// A waiter for `thread`, whose token is `token`.
+    pub fn new(thread: Thread, token: u32) -> Arc<Waiter> {
+        Arc::new(Waiter {
+            thread,
+            token,
+            granted: AtomicUsize::new(NONE),
+        })
+    }
+
+    /// The slot handed to it, if any yet.
+    pub fn granted(&self) -> Option<usize> {
+        let g = self.granted.load(SeqCst);
+        (g != NONE).then_some(g)
+    }
+
+    /// Its thread.
+    pub fn thread(&self) -> Thread {
+        self.thread.clone()
+    }
+
     /// Hands slot `i` (already `BUSY(self.token)`) over; the caller unparks the thread.
     fn grant(&self, i: usize) {
         self.granted.store(i, SeqCst);
@@ -223,11 +243,19 @@ impl Gate {
         if let Some(i) = self.try_fast(token) {
             return Some(i);
         }
-        let me = Arc::new(Waiter {
-            thread: current(),
-            token,
-            granted: AtomicUsize::new(NONE),
-        });
+        let me = Waiter::new(current(), token);
+        if let Some(i) = self.enqueue(&me, resume) {
+            return Some(i);
+        }
+        queued();
+        self.wait_granted(&me, resume, None)
+    }
+
+    /// Puts `me` in the queue of its class, or, with nobody ahead, hands it a free or kept
+    /// slot at once (returned, and also granted to `me`). Any thread may call this for any
+    /// waiter: a commit whose log record became durable is queued by the log's flusher, so
+    /// that its thread wakes up only once it has a slot to run its next transaction in.
+    pub fn enqueue(&self, me: &Arc<Waiter>, resume: bool) -> Option<usize> {
         let share = if resume { 1 + RESUMER } else { 1 };
         let wake = {
             let mut q = self.queue.lock();
@@ -236,23 +264,36 @@ impl Gate {
             self.waiting.fetch_add(share, SeqCst);
             if q.is_empty() {
                 // Nobody ahead: a free slot or one kept between transactions is ours.
-                if let Some(i) = self.scan(token, true) {
+                if let Some(i) = self.scan(me.token, true) {
                     self.waiting.fetch_sub(share, SeqCst);
+                    me.grant(i);
                     return Some(i);
                 }
             }
             if resume {
-                q.resume.push_back(Arc::clone(&me));
+                q.resume.push_back(Arc::clone(me));
             } else {
-                q.begin.push_back(Arc::clone(&me));
+                q.begin.push_back(Arc::clone(me));
             }
             self.drain(&mut q)
         };
         for w in wake {
             w.thread.unpark();
         }
-        queued();
-        let deadline = self.escape.map(|d| Instant::now() + d);
+        None
+    }
+
+    /// Parks until `me` (queued by [`enqueue`](Self::enqueue) with the same `resume`) is
+    /// handed a slot; returns it, or `None` once the gate's `escape` time has passed since
+    /// `since` (default: now) and the thread left the queue. Only `me`'s thread calls this.
+    pub fn wait_granted(
+        &self,
+        me: &Arc<Waiter>,
+        resume: bool,
+        since: Option<Instant>,
+    ) -> Option<usize> {
+        let share = if resume { 1 + RESUMER } else { 1 };
+        let deadline = self.escape.map(|d| since.unwrap_or_else(Instant::now) + d);
         loop {
             let g = me.granted.load(SeqCst);
             if g != NONE {
@@ -276,7 +317,7 @@ impl Gate {
             }
             let q = &mut *q;
             for list in [&mut q.resume, &mut q.begin] {
-                if let Some(p) = list.iter().position(|w| Arc::ptr_eq(w, &me)) {
+                if let Some(p) = list.iter().position(|w| Arc::ptr_eq(w, me)) {
                     list.remove(p);
                 }
             }

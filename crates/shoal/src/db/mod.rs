@@ -577,9 +577,9 @@ impl Database {
                 }
                 Err(e) if e.is_retryable() && attempt < self.inner.opts.max_retries => {
                     attempt += 1;
-                    crate::txn::backoff(attempt);
+                    crate::txn::backoff::after_abort(attempt);
                 }
-                other => return other,
+                other => return crate::txn::backoff::finished(other),
             }
         }
     }

@@ -77,7 +77,8 @@ pub(crate) struct LogShared {
     /// so it sits on a cache line of its own.
     failed: crossbeam_utils::CachePadded<AtomicBool>,
     failure: Mutex<Option<String>>,
-    /// Waiters for `durable` (and for ring space) sleep here.
+    /// Inserters waiting for ring space sleep here (waiters for `durable` register a
+    /// callback instead, see `park_until_durable`).
     wait_lock: Mutex<()>,
     durable_cv: Condvar,
     /// The flusher sleeps here.
@@ -86,12 +87,53 @@ pub(crate) struct LogShared {
     shutdown: AtomicBool,
     dir: PathBuf,
     flushes: AtomicU64,
-    /// Work to run once the log is durable up to an LSN (pipelined commits).
-    callbacks: Mutex<Vec<(u64, DurableCallback)>>,
+    /// Work to run once the log is durable up to an LSN (pipelined commits, waiting
+    /// committers), in registration order.
+    callbacks: Mutex<Vec<(u64, OnDurable)>>,
 }
 
 /// Called once with the outcome when a record becomes durable (or the log fails).
 pub(crate) type DurableCallback = Box<dyn FnOnce(std::result::Result<(), String>) + Send>;
+
+/// Like [`DurableCallback`], for a waiting thread: returns the thread to wake, if any. The
+/// flusher runs every such callback of a flush first and wakes the threads they name only
+/// after all of them ran, in one batch: a woken committer that preempted the flusher half
+/// way would hold up the others and the next flush.
+pub(crate) type DurableWake =
+    Box<dyn FnOnce(std::result::Result<(), String>) -> Option<std::thread::Thread> + Send>;
+
+/// What to do once the log is durable up to an LSN.
+pub(crate) enum OnDurable {
+    /// Run this (on the flusher's thread).
+    Run(DurableCallback),
+    /// Run this and wake the thread it returns, after the whole batch.
+    Wake(DurableWake),
+}
+
+impl OnDurable {
+    /// Runs the callback; a thread to wake goes to `wake`.
+    fn fire(self, res: std::result::Result<(), String>, wake: &mut Vec<std::thread::Thread>) {
+        match self {
+            OnDurable::Run(cb) => cb(res),
+            OnDurable::Wake(cb) => wake.extend(cb(res)),
+        }
+    }
+}
+
+/// Runs a batch of callbacks with one outcome: the waking ones first, then the others, then
+/// the wake-ups.
+fn fire_all(batch: Vec<OnDurable>, res: std::result::Result<(), String>) {
+    let mut wake = Vec::new();
+    let (waking, running): (Vec<_>, Vec<_>) = batch
+        .into_iter()
+        .partition(|cb| matches!(cb, OnDurable::Wake(_)));
+    for cb in waking.into_iter().chain(running) {
+        cb.fire(res.clone(), &mut wake);
+    }
+    for t in wake {
+        t.unpark();
+    }
+}
 
 impl LogShared {
     fn fail_error(&self) -> Error {
@@ -272,14 +314,24 @@ impl LogBuffer {
     /// Runs `cb` once the log is durable up to `end` (at once if it already is), on the flush
     /// daemon's thread; or with the error if the log fails first.
     pub fn on_durable(&self, end: u64, cb: DurableCallback) {
+        self.when_durable(end, OnDurable::Run(cb));
+    }
+
+    /// As [`on_durable`](Self::on_durable) for a waiting thread: `cb` returns the thread to
+    /// wake, which the flusher wakes after every callback of the flush ran.
+    pub fn on_durable_wake(&self, end: u64, cb: DurableWake) {
+        self.when_durable(end, OnDurable::Wake(cb));
+    }
+
+    fn when_durable(&self, end: u64, cb: OnDurable) {
         let sh = &*self.shared;
         let mut cbs = sh.callbacks.lock();
         if sh.failed.load(Ordering::Acquire) {
             drop(cbs);
-            cb(Err(sh.fail_error().to_string()));
+            fire_all(vec![cb], Err(sh.fail_error().to_string()));
         } else if sh.durable.load(Ordering::Acquire) >= end {
             drop(cbs);
-            cb(Ok(()));
+            fire_all(vec![cb], Ok(()));
         } else {
             cbs.push((end, cb));
             drop(cbs);
@@ -287,32 +339,63 @@ impl LogBuffer {
         }
     }
 
-    /// Waits until `end` is durable.
+    /// Waits until `end` is durable. A transaction waiting here holds no admission slot
+    /// meanwhile and takes one back after the wait (see `admission::commit_wait` for the
+    /// commit's own wait, which does better).
     pub fn wait_durable(&self, end: u64) -> Result<()> {
+        if self.shared.durable.load(Ordering::Acquire) >= end {
+            return Ok(());
+        }
+        crate::admission::blocking(|| self.park_until_durable(end))
+    }
+
+    /// Parks the calling thread until `end` is durable (or the log fails), without touching
+    /// admission. The flusher wakes each waiter of a flush itself, one `unpark` per waiter
+    /// right after the flush, rather than through a condition variable whose waiters would
+    /// wake one another in a chain.
+    pub fn park_until_durable(&self, end: u64) -> Result<()> {
+        const PENDING: u8 = 0;
+        const DONE: u8 = 1;
+        const FAILED: u8 = 2;
         let sh = &*self.shared;
         if sh.durable.load(Ordering::Acquire) >= end {
             return Ok(());
         }
-        sh.wake_flusher();
-        // A transaction waiting for the log holds no admission slot meanwhile.
-        crate::admission::blocking(|| {
-            let mut g = sh.wait_lock.lock();
-            loop {
-                if sh.durable.load(Ordering::Acquire) >= end {
-                    return Ok(());
-                }
-                if sh.failed.load(Ordering::Acquire) {
-                    return Err(sh.fail_error());
-                }
-                sh.durable_cv.wait_for(&mut g, Duration::from_millis(10));
+        let state = Arc::new(std::sync::atomic::AtomicU8::new(PENDING));
+        let me = std::thread::current();
+        {
+            let state = Arc::clone(&state);
+            self.on_durable_wake(
+                end,
+                Box::new(move |res| {
+                    state.store(if res.is_ok() { DONE } else { FAILED }, Ordering::Release);
+                    Some(me)
+                }),
+            );
+        }
+        loop {
+            match state.load(Ordering::Acquire) {
+                DONE => return Ok(()),
+                FAILED => return Err(sh.fail_error()),
+                _ => {}
             }
-        })
+            // A stray wake-up (another part of the engine parks this thread too) only costs
+            // a look at `state`; the timeout is a safety net.
+            std::thread::park_timeout(Duration::from_millis(10));
+        }
     }
 
     /// Writes out and fsyncs everything inserted so far.
     pub fn flush(&self) -> Result<()> {
         let end = self.released();
         self.wait_durable(end)
+    }
+
+    /// Callbacks and waiting threads registered for a later durable LSN (tests use it to
+    /// know that waiters have gathered before they let a flush finish).
+    #[cfg(test)]
+    pub fn pending(&self) -> usize {
+        self.shared.callbacks.lock().len()
     }
 
     /// The directory holding the segments.
@@ -362,9 +445,10 @@ fn flusher_main(sh: Arc<LogShared>, cfg: LogConfig, mut file: Box<dyn VFile>, st
                     sh.durable_cv.notify_all();
                 }
                 let cbs = std::mem::take(&mut *sh.callbacks.lock());
-                for (_, cb) in cbs {
-                    cb(Err(e.to_string()));
-                }
+                fire_all(
+                    cbs.into_iter().map(|(_, cb)| cb).collect(),
+                    Err(e.to_string()),
+                );
                 return;
             }
             durable = released;
@@ -374,22 +458,16 @@ fn flusher_main(sh: Arc<LogShared>, cfg: LogConfig, mut file: Box<dyn VFile>, st
                 sh.durable.store(durable, Ordering::Release);
                 sh.durable_cv.notify_all();
             }
-            let ready: Vec<DurableCallback> = {
+            // In registration order (roughly commit order): a committer that the callback
+            // queues for an admission slot keeps its place.
+            let ready: Vec<OnDurable> = {
                 let mut cbs = sh.callbacks.lock();
-                let mut ready = Vec::new();
-                let mut i = 0;
-                while i < cbs.len() {
-                    if cbs[i].0 <= durable {
-                        ready.push(cbs.swap_remove(i).1);
-                    } else {
-                        i += 1;
-                    }
-                }
-                ready
+                let (ready, pending): (Vec<_>, Vec<_>) =
+                    cbs.drain(..).partition(|(end, _)| *end <= durable);
+                *cbs = pending;
+                ready.into_iter().map(|(_, cb)| cb).collect()
             };
-            for cb in ready {
-                cb(Ok(()));
-            }
+            fire_all(ready, Ok(()));
         }
         if sh.shutdown.load(Ordering::Acquire) && sh.released.load(Ordering::Acquire) == durable {
             return;

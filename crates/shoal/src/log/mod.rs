@@ -4,5 +4,7 @@
 
 pub(crate) mod buffer;
 pub(crate) mod checkpoint;
+#[cfg(test)]
+mod group_tests;
 pub mod record;
 pub(crate) mod segment;

@@ -122,7 +122,9 @@ pub(super) fn durable(
         return Ok(CommitTicket::done());
     };
     match mode {
-        LogMode::Sync => log.wait_durable(lsn).map(|()| CommitTicket::done()),
+        LogMode::Sync => {
+            crate::admission::commit_wait(log, lsn, false).map(|()| CommitTicket::done())
+        }
         LogMode::Pipelined => {
             let ticket = CommitTicket::pending();
             let state = ticket.state.clone();
@@ -160,7 +162,7 @@ impl TwoPl {
             // yet: it must not return before that commit is (Kimura §5.3, Algorithm 7).
             self.release_all(cx);
             if elr == Elr::Sx && self.max_tag > log.durable() {
-                log.wait_durable(self.max_tag)?;
+                crate::admission::commit_wait(log, self.max_tag, false)?;
             }
             return Ok(CommitTicket::done());
         }
@@ -195,7 +197,11 @@ impl TwoPl {
         }
         match mode {
             LogMode::Sync => {
-                let r = log.wait_durable(end);
+                let r = crate::admission::commit_wait(
+                    log,
+                    end,
+                    !self.held.is_empty() || !self.intents.is_empty(),
+                );
                 if r.is_err() {
                     self.rollback(cx);
                 }

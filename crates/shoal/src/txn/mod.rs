@@ -18,7 +18,6 @@
 
 use std::cell::Cell;
 use std::ops::Bound;
-use std::time::Duration;
 
 use parking_lot::MutexGuard;
 
@@ -27,6 +26,7 @@ use crate::error::{show_key, Error, Result};
 use crate::lock::{LockId, LockMode, TxnId};
 use crate::log::buffer::LogBuffer;
 
+pub(crate) mod backoff;
 mod blind;
 mod commit;
 mod doppel;
@@ -50,42 +50,6 @@ const SCAN_CHUNK: usize = 256;
 
 /// What a scan returns: `(key, value)` in ascending key order.
 type Rows = Vec<(Vec<u8>, Vec<u8>)>;
-
-thread_local! {
-    static RNG: Cell<u64> = const { Cell::new(0) };
-}
-
-fn next_random() -> u64 {
-    RNG.with(|r| {
-        let mut x = r.get();
-        if x == 0 {
-            // Seed from the address of a stack value and the clock: distinct per thread.
-            let t = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(1);
-            x = t ^ (&x as *const u64 as u64).rotate_left(32) | 1;
-        }
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        r.set(x);
-        x
-    })
-}
-
-/// Sleeps a randomized, exponentially growing delay before retry number `attempt`
-/// (1 µs doubling up to about 1 ms, uniformly jittered), so that transactions that collided
-/// do not collide again in lockstep.
-pub(crate) fn backoff(attempt: u32) {
-    let cap_ns: u64 = 1_000u64 << attempt.min(10);
-    let ns = next_random() % cap_ns;
-    if ns < 2_000 {
-        std::thread::yield_now();
-    } else {
-        std::thread::sleep(Duration::from_nanos(ns));
-    }
-}
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum WriteKind {

@@ -91,13 +91,7 @@ impl Transaction<'_> {
         order: i64,
         value: impl AsRef<[u8]>,
     ) -> Result<()> {
-        let value = value.as_ref();
-        self.cx.check_value(value)?;
-        let t = OrderedTuple {
-            order,
-            writer: worker_id(),
-            value: value.to_vec(),
-        };
+        let t = self.own_tuple(order, value.as_ref())?;
         self.blind(table, key.as_ref(), Delta::Oput(t))
     }
 
@@ -131,14 +125,19 @@ impl Transaction<'_> {
         value: impl AsRef<[u8]>,
         k: u32,
     ) -> Result<()> {
-        let value = value.as_ref();
+        let t = self.own_tuple(order, value.as_ref())?;
+        self.blind(table, key.as_ref(), Delta::TopK(k, vec![t]))
+    }
+
+    /// The tuple `(order, worker_id(), value)` that OPUT and TOPKINSERT write, after the
+    /// value length check.
+    fn own_tuple(&self, order: i64, value: &[u8]) -> Result<OrderedTuple> {
         self.cx.check_value(value)?;
-        let t = OrderedTuple {
+        Ok(OrderedTuple {
             order,
             writer: worker_id(),
             value: value.to_vec(),
-        };
-        self.blind(table, key.as_ref(), Delta::TopK(k, vec![t]))
+        })
     }
 
     /// Reads the ordered tuple at `key` (written by [`oput`](Self::oput)), or `None` when

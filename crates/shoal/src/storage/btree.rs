@@ -420,9 +420,11 @@ impl BTree {
     pub(crate) fn update_with_prior<R>(
         &self,
         key: &[u8],
+        hint: Option<LeafHint>,
         f: impl FnOnce(&mut Option<Record>, Option<Option<&[u8]>>) -> R,
-    ) -> R {
-        self.update_impl(&Probe::new(key), None, true, f).0
+    ) -> (R, LeafHint) {
+        let (r, pid) = self.update_impl(&Probe::new(key), hint, true, f);
+        (r, self.hint(pid))
     }
 
     /// Like [`update`](Self::update), and first tries the leaf `hint` names (see

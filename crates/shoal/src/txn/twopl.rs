@@ -51,7 +51,7 @@ use crate::error::{show_key, Error, Result};
 use crate::lock::intent::{LightweightIntentLocks, PrivateIntents};
 use crate::lock::modes::{cursor_mode, CursorDir, CursorStep, Part};
 use crate::lock::{LockFailure, LockId, LockMode, TxnId};
-use crate::storage::btree::Record;
+use crate::storage::btree::{LeafHint, Record};
 
 /// One undo entry: the before-image of a record this transaction changed.
 pub(super) struct Undo {
@@ -77,6 +77,11 @@ pub(super) struct TwoPl {
     pub(super) max_tag: u64,
     /// Safe SX-ELR is on: collect tags.
     track_tags: bool,
+    /// The leaf of each table's last access, by table slot: a get followed by an update of
+    /// the same key, or an insert after the lookup that found its key absent, skips the
+    /// second root-to-leaf descent (the tree checks a hint's fences, so a stale one costs a
+    /// version check and two comparisons).
+    hints: Vec<Option<LeafHint>>,
 }
 
 /// True for modes that lock something exclusively (key, gap or intent).
@@ -124,7 +129,22 @@ impl TwoPl {
             ghosts: Vec::new(),
             max_tag: 0,
             track_tags: locking && inner.opts.elr == crate::db::Elr::Sx && inner.log.is_some(),
+            hints: Vec::new(),
         }
+    }
+
+    /// The leaf hint of table `slot`'s last access.
+    fn hint(&self, slot: u16) -> Option<LeafHint> {
+        self.hints.get(usize::from(slot)).copied().flatten()
+    }
+
+    /// Remembers the leaf of an access to table `slot`.
+    fn set_hint(&mut self, slot: u16, h: LeafHint) {
+        let i = usize::from(slot);
+        if self.hints.len() <= i {
+            self.hints.resize(i + 1, None);
+        }
+        self.hints[i] = Some(h);
     }
 
     /// [`Ctx::charge`] for a write already made: a transaction that outgrows the log is
@@ -368,7 +388,8 @@ impl TwoPl {
             Absent(Option<Option<Vec<u8>>>),
         }
         let mut before = None;
-        let step = tree.update_with_prior(key, |rec, prior| match rec {
+        let hint = self.hint(slot);
+        let (step, h) = tree.update_with_prior(key, hint, |rec, prior| match rec {
             Some(r) => {
                 let cur = if r.ghost { None } else { Some(&r.value[..]) };
                 match f(cur) {
@@ -384,6 +405,7 @@ impl TwoPl {
             }
             None => Step::Absent(prior.map(|p| p.map(<[u8]>::to_vec))),
         });
+        self.set_hint(slot, h);
         match step {
             Step::Done(v) => {
                 self.undo.push(Undo {
@@ -468,7 +490,8 @@ impl TwoPl {
             // Check that the prior key is still the predecessor, and insert: under one leaf
             // latch when the leaf shows the predecessor, else in two steps (the NX lock keeps
             // the gap from changing in between).
-            let moved = tree.update_with_prior(key, |rec, now| match now {
+            let hint = self.hint(slot);
+            let (moved, h) = tree.update_with_prior(key, hint, |rec, now| match now {
                 Some(now) if now != prior.as_deref() => Some(true),
                 Some(_) => {
                     put(rec);
@@ -476,6 +499,7 @@ impl TwoPl {
                 }
                 None => None,
             });
+            self.set_hint(slot, h);
             let moved = match moved {
                 Some(m) => m,
                 None if tree.predecessor(key) != prior => true,
@@ -539,10 +563,17 @@ impl Protocol for TwoPl {
         self.intent(cx, slot, false)?;
         let id = key_id(cx, slot, key);
         self.lock(cx, id, LockMode::SN)?;
-        Ok(cx.table(slot).inner.tree.get(key, |rec| match rec {
-            Some(r) if !r.ghost => Some(r.value.clone()),
-            _ => None,
-        }))
+        let hint = self.hint(slot);
+        let (v, h) = cx
+            .table(slot)
+            .inner
+            .tree
+            .get_hinted(key, hint, |rec| match rec {
+                Some(r) if !r.ghost => Some(r.value.clone()),
+                _ => None,
+            });
+        self.set_hint(slot, h);
+        Ok(v)
     }
 
     fn write(

@@ -684,7 +684,7 @@ mod tests {
             key: k.to_be_bytes().to_vec(),
             word: u64::from(k),
             val: vec![k as u8; vlen],
-            ghost: k % 7 == 0,
+            ghost: k.is_multiple_of(7),
             ovf: false,
         }
     }

@@ -53,9 +53,11 @@
 //! Deviations: merges are not guaranteed (an underfull node whose siblings are too full
 //! stays; no redistribution). A present record whose value grows past the room in its leaf
 //! on the optimistic path is stored in overflow pages even if it is short, rather than
-//! splitting the leaf. No prefix truncation: heads are a key's first 16 bytes. Readers never
-//! fall back to a shared latch, so a reader can in theory starve behind a stream of writers
-//! to the same page.
+//! splitting the leaf. No prefix truncation: heads are a key's first 16 bytes. A point read
+//! ([`BTree::get_hinted`]) that failed validation 16 times latches the leaf exclusively
+//! for its copy, so it cannot starve behind a stream of writers (LeanStore falls back to a
+//! shared latch; this latch has no shared mode); range scans and predecessor searches still
+//! only retry.
 
 use std::cell::Cell;
 use std::ops::Bound;
@@ -211,6 +213,10 @@ enum Target<'a> {
 fn max_entry(klen: usize) -> usize {
     24 + 8 + ((klen + INLINE_VALUE + 7) & !7)
 }
+
+/// Failed optimistic attempts after which a point read latches the leaf instead (tests use
+/// a low count so that both paths run under their concurrent writers).
+const PESSIMISTIC_AFTER: u32 = if cfg!(test) { 2 } else { 16 };
 
 /// Bytes a separator takes at most.
 const MAX_SEP: usize = 24 + 8 + MAX_KEY;
@@ -375,15 +381,34 @@ impl BTree {
             tid: 0,
         };
         let mut hint = hint;
+        let mut failed = 0u32;
         let (c, pid) = loop {
             let Some((pid, fr, v)) = self.find_leaf(&p, hint) else {
+                failed += 1;
                 continue;
             };
             let n = Node(fr);
+            if failed >= PESSIMISTIC_AFTER {
+                // Writers keep changing this leaf under the optimistic reads: latch it, as
+                // writers do, so the read ends. Under the latch, a leaf whose fences hold
+                // the key is the key's leaf.
+                let v0 = fr.latch.lock();
+                #[cfg(test)]
+                tests::PESSIMISTIC_READS.fetch_add(1, AtomicOrdering::Relaxed);
+                if n.is_leaf() && n.covers(&p) {
+                    let c = self.copy_record(n, n.search(&p), &mut rec.value);
+                    fr.latch.unlock_unchanged(v0);
+                    break (c, pid);
+                }
+                fr.latch.unlock_unchanged(v0);
+                hint = None;
+                continue;
+            }
             let c = self.copy_record(n, n.search(&p), &mut rec.value);
             if fr.latch.validate(v) {
                 break (c, pid);
             }
+            failed += 1;
             hint = None;
         };
         rec.ghost = c.ghost;
@@ -412,11 +437,13 @@ impl BTree {
             .0
     }
 
-    /// Like [`update`](Self::update), and also tells `f` the greatest key below `key` (ghosts
-    /// included) when the latched leaf shows it: `Some(Some(k))`, or `Some(None)` when no key
-    /// is below `key`; `None` when it is in another leaf (ask [`predecessor`](Self::predecessor)).
-    /// Saves an inserter a descent, and lets it check the prior key under the same latch as
-    /// the insert.
+    /// Like [`update`](Self::update), and, when `key` is absent, also tells `f` the greatest
+    /// key below it (ghosts included) if the latched leaf shows it: `Some(Some(k))`, or
+    /// `Some(None)` when no key is below `key`; `None` when it is in another leaf (ask
+    /// [`predecessor`](Self::predecessor)) or when `key` is present (an update needs no prior
+    /// key, and copying it out would cost an allocation). Saves an inserter a descent, and
+    /// lets it check the prior key under the same latch as the insert. Starts from the leaf
+    /// `hint` names if it holds the key, and returns the hint of the leaf it latched.
     pub(crate) fn update_with_prior<R>(
         &self,
         key: &[u8],
@@ -507,6 +534,7 @@ impl BTree {
         let i = match found {
             Ok(i) | Err(i) => i,
         };
+        let want_prior = want_prior && found.is_err();
         let prior_key = (want_prior && i > 0).then(|| n.key(i - 1));
         let prior = match &prior_key {
             Some(k) => Some(Some(&k[..])),

@@ -911,3 +911,46 @@ fn appends_that_add_a_high_fence_still_split_at_the_right_edge() {
         s.entries
     );
 }
+
+/// Point reads that took the leaf's latch after failed validations (see `PESSIMISTIC_AFTER`).
+pub(super) static PESSIMISTIC_READS: AtomicU64 = AtomicU64::new(0);
+
+/// A reader whose leaf keeps changing under it falls back to latching the leaf, and still
+/// reads only values a writer stored whole.
+#[test]
+fn a_reader_behind_a_stream_of_writers_latches_and_reads_whole_values() {
+    use std::sync::atomic::AtomicBool;
+    let t = BTree::new();
+    for k in 0u8..20 {
+        t.update(&[k], |s| *s = Some(Record::default()));
+    }
+    let stop = AtomicBool::new(false);
+    let before = PESSIMISTIC_READS.load(AtomicOrdering::Relaxed);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // Every value is 64 copies of one byte: a torn read would mix two.
+            let mut i = 0u64;
+            while !stop.load(AtomicOrdering::Relaxed) {
+                i += 1;
+                let v = vec![(i % 251) as u8; 64];
+                t.update(&[(i % 20) as u8], |s| {
+                    if let Some(r) = s.as_mut() {
+                        r.value.clone_from(&v);
+                    }
+                });
+            }
+        });
+        let mut reads = 0u64;
+        while PESSIMISTIC_READS.load(AtomicOrdering::Relaxed) == before || reads < 20_000 {
+            for k in 0u8..20 {
+                let v = t
+                    .get(&[k], |r| r.map(|r| r.value.clone()))
+                    .expect("present");
+                assert!(v.is_empty() || (v.len() == 64 && v.iter().all(|&b| b == v[0])));
+                reads += 1;
+            }
+            assert!(reads < 50_000_000, "no read ever fell back to the latch");
+        }
+        stop.store(true, AtomicOrdering::Relaxed);
+    });
+}

@@ -121,8 +121,9 @@ impl Protocol for DoppelTxn {
         key: &[u8],
         f: impl FnMut(Option<&[u8]>) -> Result<Vec<u8>>,
     ) -> Result<usize> {
-        // Not counted, nor checked against the split records (as before the protocols had
-        // modules of their own).
+        // A read-modify-write reads the record: on a split record it would read the global
+        // value without the slices' deltas, so it is counted and stashed like a read.
+        self.access(cx, slot, key, OpClass::Read)?;
         self.occ.update(cx, slot, key, f)
     }
 

@@ -162,6 +162,16 @@ impl TwoPl {
 
     /// Takes `mode` on `id` until the end of the transaction (a no-op when a held lock
     /// covers it).
+    /// [`lock`](Self::lock) on the key `key` of table `slot`; names the lock (an allocation)
+    /// only when locks are taken.
+    fn lock_key(&mut self, cx: &mut Ctx<'_>, slot: u16, key: &[u8], mode: LockMode) -> Result<()> {
+        if !self.locking {
+            return Ok(());
+        }
+        let id = key_id(cx, slot, key);
+        self.lock(cx, id, mode)
+    }
+
     fn lock(&mut self, cx: &mut Ctx<'_>, id: LockId, mode: LockMode) -> Result<()> {
         if !self.locking {
             return Ok(());
@@ -446,6 +456,27 @@ impl TwoPl {
         value: &[u8],
         mut hint: Option<Option<Vec<u8>>>,
     ) -> Result<()> {
+        if !self.locking {
+            // `Serial` and `None`: no gap to protect, so no prior key to check.
+            let mut created = true;
+            let tree = &cx.table(slot).inner.tree;
+            let (before, h) = tree.update_hinted(key, self.hint(slot), |rec| {
+                let before = rec.take().inspect(|_| created = false);
+                *rec = Some(Record {
+                    value: value.to_vec(),
+                    ghost: false,
+                    tid: 0,
+                });
+                before
+            });
+            self.set_hint(slot, h);
+            self.undo.push(Undo {
+                table: slot,
+                key: key.into(),
+                before: if created { None } else { before },
+            });
+            return Ok(());
+        }
         loop {
             let tree = &cx.table(slot).inner.tree;
             let prior = match hint.take() {
@@ -552,8 +583,7 @@ impl TwoPl {
         f: impl FnMut(Option<&[u8]>) -> Result<T>,
     ) -> Result<T> {
         self.intent(cx, slot, true)?;
-        let id = key_id(cx, slot, key);
-        self.lock(cx, id, LockMode::XN)?;
+        self.lock_key(cx, slot, key, LockMode::XN)?;
         self.modify(cx, slot, key, f)
     }
 }
@@ -561,8 +591,7 @@ impl TwoPl {
 impl Protocol for TwoPl {
     fn get(&mut self, cx: &mut Ctx<'_>, slot: u16, key: &[u8]) -> Result<Option<Vec<u8>>> {
         self.intent(cx, slot, false)?;
-        let id = key_id(cx, slot, key);
-        self.lock(cx, id, LockMode::SN)?;
+        self.lock_key(cx, slot, key, LockMode::SN)?;
         let hint = self.hint(slot);
         let (v, h) = cx
             .table(slot)
@@ -593,8 +622,7 @@ impl Protocol for TwoPl {
 
     fn delete(&mut self, cx: &mut Ctx<'_>, slot: u16, key: &[u8]) -> Result<bool> {
         self.intent(cx, slot, true)?;
-        let id = key_id(cx, slot, key);
-        self.lock(cx, id, LockMode::XN)?;
+        self.lock_key(cx, slot, key, LockMode::XN)?;
         let mut before = None;
         cx.table(slot).inner.tree.update(key, |rec| {
             if let Some(r) = rec.as_mut() {

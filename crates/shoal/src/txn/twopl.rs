@@ -404,9 +404,12 @@ impl TwoPl {
                 let cur = if r.ghost { None } else { Some(&r.value[..]) };
                 match f(cur) {
                     Ok(v) => {
-                        before = Some(r.clone());
-                        r.value.clear();
-                        r.value.extend_from_slice(v.as_ref());
+                        // The old value moves into the undo image (no copy of it).
+                        before = Some(Record {
+                            value: std::mem::replace(&mut r.value, v.as_ref().to_vec()),
+                            ghost: r.ghost,
+                            tid: r.tid,
+                        });
                         r.ghost = false;
                         Step::Done(v)
                     }

@@ -11,6 +11,7 @@ use rand::SeedableRng;
 use super::{LoadCfg, PortableWorkload, RunCfg};
 use crate::engines::{decode_i64, load_rows, KvEngine, KvTx, LoadValue, TableId, TxResult};
 use crate::workloads::incr::draw_incr1;
+use crate::workloads::Ledger;
 
 /// The loaded counters.
 pub struct Incr1 {
@@ -68,7 +69,12 @@ impl PortableWorkload for Incr1 {
         [1, u64::from(st.key == 0)]
     }
 
-    fn check(&self, engine: &dyn KvEngine, tally: [u64; 2]) -> anyhow::Result<String> {
+    fn check(
+        &self,
+        engine: &dyn KvEngine,
+        _ledger: &Ledger,
+        tally: [u64; 2],
+    ) -> anyhow::Result<String> {
         let rows = engine.scan_all(self.table)?;
         ensure!(
             rows.len() as u64 == self.keys,

@@ -24,9 +24,12 @@ use serde::Serialize;
 use crate::config::Log;
 use crate::dist::KeyDist;
 use crate::driver::{self, Adapter, Attempt, RunStats, WorkerLoop};
-use crate::engines::{Durability, EngineKind, KvEngine, KvSession, KvTx, TxError, TxResult};
+use crate::engines::{
+    Durability, EngineKind, KvEngine, KvSession, KvTx, TableId, TxError, TxResult,
+};
 use crate::report::{self, Latency, Window};
-use crate::workloads::WorkloadKind;
+use crate::workloads::tpcb::Tpcb;
+use crate::workloads::{Ledger, WorkloadKind};
 
 /// The options of `shoal bench` that only the portable path reads.
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -129,8 +132,14 @@ pub trait PortableWorkload: Sized + Sync {
     /// (added up over every thread and run).
     fn committed(&self, st: &mut Self::Worker) -> [u64; 2];
 
-    /// Checks the database against the counts of everything committed on it.
-    fn check(&self, engine: &dyn KvEngine, tally: [u64; 2]) -> anyhow::Result<String>;
+    /// Checks the database against everything committed on it: the commits of every run
+    /// and thread (`ledger`) and what [`committed`](Self::committed) counted (`tally`).
+    fn check(
+        &self,
+        engine: &dyn KvEngine,
+        ledger: &Ledger,
+        tally: [u64; 2],
+    ) -> anyhow::Result<String>;
 }
 
 /// One run's result.
@@ -325,7 +334,7 @@ fn sweep(p: &PortableParams, records: &mut Vec<PortableRecord>) -> anyhow::Resul
                 }
                 let res = match p.workload {
                     WorkloadKind::Tpcb => {
-                        run_group::<tpcb::Tpcb>(p, engine, log, dur, load, &runs, records)
+                        run_group::<Tpcb<TableId>>(p, engine, log, dur, load, &runs, records)
                     }
                     WorkloadKind::Ycsb => {
                         run_group::<ycsb::Ycsb>(p, engine, log, dur, load, &runs, records)
@@ -379,12 +388,14 @@ fn run_group<W: PortableWorkload>(
         engine.name()
     );
     let mut tally = [0u64; 2];
+    let mut ledger = Ledger::default();
     for run in runs {
         let (m, t) = measure(p, db.as_ref(), &w, run)
             .with_context(|| format!("{} on {}", p.workload.name(), engine.name()))?;
         tally[0] += t[0];
         tally[1] += t[1];
-        let check = match w.check(db.as_ref(), tally) {
+        ledger.commits.push(m.per_thread.clone());
+        let check = match w.check(db.as_ref(), &ledger, tally) {
             Ok(s) => format!("ok: {s}"),
             Err(e) => format!("FAILED: {e:#}"),
         };
@@ -690,7 +701,7 @@ mod tests {
         let db = EngineKind::Shoal2pl
             .open(dir.path(), Durability::None)
             .unwrap();
-        let w = tpcb::Tpcb::load(
+        let w = Tpcb::<TableId>::load(
             db.as_ref(),
             &LoadCfg {
                 scale: 1,
@@ -699,14 +710,15 @@ mod tests {
             },
         )
         .unwrap();
-        assert!(w.check(db.as_ref(), [0, 0]).is_ok());
+        let none = Ledger::default();
+        assert!(w.check(db.as_ref(), &none, [0, 0]).is_ok());
         // Account 5 changes without a history row: the check must notice.
         let account = crate::engines::TableId(2);
         let mut s = db.session().unwrap();
         let mut tx = s.begin(false).unwrap();
         tx.add(account, &5u64.to_be_bytes(), 10).unwrap();
         tx.commit().unwrap();
-        let err = w.check(db.as_ref(), [0, 0]).unwrap_err().to_string();
+        let err = w.check(db.as_ref(), &none, [0, 0]).unwrap_err().to_string();
         assert!(err.contains("account 5"), "{err}");
     }
 

@@ -20,6 +20,7 @@ use super::{LoadCfg, PortableWorkload, RunCfg};
 use crate::dist::Sampler;
 use crate::engines::{load_rows, KvEngine, KvTx, LoadValue, TableId, TxError, TxResult};
 use crate::workloads::ycsb::{fnv, Mix, Op};
+use crate::workloads::Ledger;
 
 /// A loaded YCSB table.
 pub struct Ycsb {
@@ -117,7 +118,12 @@ impl PortableWorkload for Ycsb {
         [u64::from(st.update), 0]
     }
 
-    fn check(&self, engine: &dyn KvEngine, tally: [u64; 2]) -> anyhow::Result<String> {
+    fn check(
+        &self,
+        engine: &dyn KvEngine,
+        _ledger: &Ledger,
+        tally: [u64; 2],
+    ) -> anyhow::Result<String> {
         let rows = engine.scan_all(self.table)?;
         ensure!(
             rows.len() as u64 == self.records,

@@ -393,23 +393,16 @@ pub fn render_table(params: &Params, sweep: &Sweep, records: &[Record]) -> Strin
         params.warmup.as_secs_f64(),
         params.duration.as_secs_f64(),
     );
-    let mut header: Vec<String> = cols.iter().map(|c| c.to_string()).collect();
-    header.extend(
-        ["tps", "commits"]
-            .into_iter()
-            .chain(Aborts::HEADER)
-            .chain([
-                "stashed",
-                "p50 µs",
-                "p99 µs",
-                "p99.9 µs",
-                "max µs",
-                "rss MiB",
-                "check",
-            ])
-            .map(String::from),
-    );
-    let mut rows = vec![header];
+    let after = [
+        "stashed",
+        "p50 µs",
+        "p99 µs",
+        "p99.9 µs",
+        "max µs",
+        "rss MiB",
+        "check",
+    ];
+    let mut rows = vec![header(&cols, &["tps", "commits"], &after)];
     for r in records {
         let mut row = option_cells(&cols, r);
         let l = &r.latency_us;
@@ -438,6 +431,16 @@ pub fn render_table(params: &Params, sweep: &Sweep, records: &[Record]) -> Strin
     out
 }
 
+/// A table's header: the option columns `cols`, then `before`, the abort columns and `after`.
+fn header(cols: &[&str], before: &[&str], after: &[&str]) -> Vec<String> {
+    let names = cols
+        .iter()
+        .chain(before)
+        .chain(&Aborts::HEADER)
+        .chain(after);
+    names.map(|c| c.to_string()).collect()
+}
+
 /// The values of the options `cols` in record `r` (`-` where it has none).
 fn option_cells(cols: &[&'static str], r: &Record) -> Vec<String> {
     let cell = |c: &&str| {
@@ -450,23 +453,17 @@ fn option_cells(cols: &[&'static str], r: &Record) -> Vec<String> {
 
 /// The per-transaction-type table: one row per run and type.
 fn render_per_type(cols: &[&'static str], records: &[Record]) -> String {
-    let mut header: Vec<String> = cols.iter().map(|c| c.to_string()).collect();
-    header.extend(
-        ["type", "tps", "commits", "rollbacks"]
-            .into_iter()
-            .chain(Aborts::HEADER)
-            .chain([
-                "stashed",
-                "abort%",
-                "p50 µs",
-                "p90 µs",
-                "p99 µs",
-                "p99.9 µs",
-                "max µs",
-            ])
-            .map(String::from),
-    );
-    let mut rows = vec![header];
+    let before = ["type", "tps", "commits", "rollbacks"];
+    let after = [
+        "stashed",
+        "abort%",
+        "p50 µs",
+        "p90 µs",
+        "p99 µs",
+        "p99.9 µs",
+        "max µs",
+    ];
+    let mut rows = vec![header(cols, &before, &after)];
     for r in records {
         // Types the mix never drew (e.g. `--mix payment`) are left out.
         for t in r

@@ -122,8 +122,10 @@ pub trait PortableWorkload: Sized + Sync {
     /// Draws the next transaction's parameters.
     fn next(&self, st: &mut Self::Worker);
 
-    /// Whether the drawn transaction only reads.
-    fn read_only(&self, st: &Self::Worker) -> bool;
+    /// Whether the drawn transaction only reads (default: it may write).
+    fn read_only(&self, _st: &Self::Worker) -> bool {
+        false
+    }
 
     /// Runs the drawn transaction's operations (not the commit).
     fn execute(&self, st: &mut Self::Worker, tx: &mut dyn KvTx) -> TxResult<()>;

@@ -45,10 +45,6 @@ impl PortableWorkload for Tpcb<TableId> {
         self.draw_next(st);
     }
 
-    fn read_only(&self, _st: &TpcbWorker) -> bool {
-        false
-    }
-
     fn execute(&self, st: &mut TpcbWorker, tx: &mut dyn KvTx) -> TxResult<()> {
         self.run_txn(st, tx)
     }

@@ -19,6 +19,7 @@ use rand::{Rng, SeedableRng};
 use super::{LoadCfg, PortableWorkload, RunCfg};
 use crate::dist::Sampler;
 use crate::engines::{load_rows, KvEngine, KvTx, LoadValue, TableId, TxError, TxResult};
+use crate::workloads::ops::scan_counted;
 use crate::workloads::ycsb::{fnv, Mix, Op};
 use crate::workloads::Ledger;
 
@@ -124,30 +125,28 @@ impl PortableWorkload for Ycsb {
         _ledger: &Ledger,
         tally: [u64; 2],
     ) -> anyhow::Result<String> {
-        let rows = engine.scan_all(self.table)?;
-        ensure!(
-            rows.len() as u64 == self.records,
-            "{} records, loaded {}",
-            rows.len(),
-            self.records
-        );
         let mut updates = 0u64;
-        for (k, v) in &rows {
-            let kid = u64::from_be_bytes(
-                k.as_slice()
-                    .try_into()
-                    .map_err(|_| anyhow::anyhow!("bad key {k:?}"))?,
-            );
-            let (id, c) = fields(v).ok_or_else(|| anyhow::anyhow!("record {kid}: short value"))?;
-            ensure!(id == kid, "record {kid} holds id {id}");
-            ensure!(v.len() == self.value_len, "record {kid}: {} bytes", v.len());
-            updates += c;
-        }
+        scan_counted(
+            engine,
+            &self.table,
+            "usertable",
+            self.records,
+            &mut |k, v| {
+                let kid =
+                    u64::from_be_bytes(k.try_into().map_err(|_| anyhow::anyhow!("bad key {k:?}"))?);
+                let (id, c) =
+                    fields(v).ok_or_else(|| anyhow::anyhow!("record {kid}: short value"))?;
+                ensure!(id == kid, "record {kid} holds id {id}");
+                ensure!(v.len() == self.value_len, "record {kid}: {} bytes", v.len());
+                updates += c;
+                Ok(())
+            },
+        )?;
         ensure!(
             updates == tally[0],
             "counters add up to {updates}, {} updates committed",
             tally[0]
         );
-        Ok(format!("{} records, {updates} updates", rows.len()))
+        Ok(format!("{} records, {updates} updates", self.records))
     }
 }

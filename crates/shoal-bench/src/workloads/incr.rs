@@ -166,9 +166,7 @@ impl Workload for Incr {
         progress: &ProgressBar,
     ) -> anyhow::Result<Incr> {
         let n = cfg.records.max(2);
-        let table = db
-            .create_table("counters")
-            .context("creating table counters (is the database empty?)")?;
+        let table = super::create_table(db, "counters")?;
         let chunks: Vec<u64> = (0..n).step_by(LOAD_CHUNK as usize).collect();
         parallel_load(&chunks, load_threads, progress, |&lo| {
             let hi = (lo + LOAD_CHUNK).min(n);

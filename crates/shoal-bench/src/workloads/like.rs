@@ -100,10 +100,8 @@ impl Workload for Like {
         progress: &ProgressBar,
     ) -> anyhow::Result<Like> {
         let n = cfg.records;
-        let users = db
-            .create_table("users")
-            .context("creating table users (is the database empty?)")?;
-        let pages = db.create_table("pages").context("creating table pages")?;
+        let users = super::create_table(db, "users")?;
+        let pages = super::create_table(db, "pages")?;
         let chunks: Vec<u64> = (0..n).step_by(LOAD_CHUNK as usize).collect();
         parallel_load(&chunks, load_threads, progress, |&lo| {
             let hi = (lo + LOAD_CHUNK).min(n);

@@ -17,7 +17,8 @@ pub mod tpcc;
 pub mod txbench;
 pub mod ycsb;
 
-use shoal::{Database, Transaction};
+use anyhow::Context;
+use shoal::{Database, Table, Transaction};
 
 use crate::config::RunConfig;
 
@@ -121,6 +122,26 @@ pub fn parallel_load<T: Sync>(
         }
         Ok(())
     })
+}
+
+/// Creates the table `name` in the database the harness opened empty for the workload.
+pub fn create_table(db: &Database, name: &str) -> anyhow::Result<Table> {
+    db.create_table(name)
+        .with_context(|| format!("creating table {name} (is the database empty?)"))
+}
+
+/// Ends a consistency check of `what` (`TPC-B`, ...): an error listing the first ten of the
+/// `bad` findings, if there are any.
+pub fn fail_if_bad(what: &str, mut bad: Vec<String>) -> anyhow::Result<()> {
+    if bad.is_empty() {
+        return Ok(());
+    }
+    let n = bad.len();
+    bad.truncate(10);
+    anyhow::bail!(
+        "{what} consistency check failed ({n} problems):\n  {}",
+        bad.join("\n  ")
+    )
 }
 
 /// How many transactions each worker thread committed in each run on one loaded database

@@ -90,6 +90,39 @@ pub trait Scan {
     ) -> anyhow::Result<()>;
 }
 
+/// Rows as an engine returns them: (key, value) pairs.
+type Rows = Vec<(Vec<u8>, Vec<u8>)>;
+
+/// A table's rows as an engine read them (or its error), handed to `f` one by one.
+fn each<E: Into<anyhow::Error>>(
+    rows: Result<Rows, E>,
+    name: &str,
+    f: &mut RowFn<'_>,
+) -> anyhow::Result<()> {
+    let rows = rows
+        .map_err(Into::into)
+        .with_context(|| format!("scanning table {name}"))?;
+    rows.iter().try_for_each(|(k, v)| f(k, v))
+}
+
+/// Calls `f` on every row of the table `name`, read as [`Scan::scan_rows`] reads it (in one
+/// piece); an error unless it holds `rows` rows.
+pub fn scan_counted<S: Scan + ?Sized>(
+    store: &S,
+    table: &S::Table,
+    name: &str,
+    rows: u64,
+    f: &mut RowFn<'_>,
+) -> anyhow::Result<()> {
+    let mut seen = 0u64;
+    store.scan_rows(table, name, &[], &mut |k, v| {
+        seen += 1;
+        f(k, v)
+    })?;
+    anyhow::ensure!(seen == rows, "{name} has {seen} rows, expected {rows}");
+    Ok(())
+}
+
 impl Scan for Database {
     type Table = Table;
 
@@ -109,12 +142,7 @@ impl Scan for Database {
                 Some(b) => Bound::Excluded(b.as_slice()),
                 None => Bound::Unbounded,
             };
-            let rows = self
-                .run(|tx| tx.scan(table, (lo, hi)))
-                .with_context(|| format!("scanning table {name}"))?;
-            for (k, v) in &rows {
-                f(k, v)?;
-            }
+            each(self.run(|tx| tx.scan(table, (lo, hi))), name, f)?;
         }
         Ok(())
     }
@@ -130,12 +158,6 @@ impl Scan for dyn KvEngine + '_ {
         _bounds: &[Vec<u8>],
         f: &mut RowFn<'_>,
     ) -> anyhow::Result<()> {
-        let rows = self
-            .scan_all(*table)
-            .with_context(|| format!("scanning table {name}"))?;
-        for (k, v) in &rows {
-            f(k, v)?;
-        }
-        Ok(())
+        each(self.scan_all(*table), name, f)
     }
 }

@@ -203,10 +203,7 @@ impl Workload for Rubis {
         let users = cfg.records;
         ensure!(users >= 1, "rubis needs at least one user");
         let items = (users / USERS_PER_ITEM).max(1);
-        let t = |name: &str| {
-            db.create_table(name)
-                .with_context(|| format!("creating table {name} (is the database empty?)"))
-        };
+        let t = |name: &str| super::create_table(db, name);
         let t = Tables {
             users: t("users")?,
             items: t("items")?,

@@ -273,10 +273,7 @@ impl Tpcb {
         progress: &ProgressBar,
     ) -> anyhow::Result<Tpcb> {
         ensure!(branches >= 1, "scale must be at least 1");
-        let create = |name: &str| {
-            db.create_table(name)
-                .with_context(|| format!("creating table {name} (is the database empty?)"))
-        };
+        let create = |name: &str| super::create_table(db, name);
         let t = Tpcb {
             tables: Tables {
                 branch: create("branch")?,
@@ -475,14 +472,7 @@ impl<T> Tables<T> {
         for b in [b1, b2, b3] {
             bad.extend(b);
         }
-        if !bad.is_empty() {
-            let n = bad.len();
-            bad.truncate(10);
-            bail!(
-                "TPC-B consistency check failed ({n} problems):\n  {}",
-                bad.join("\n  ")
-            );
-        }
+        super::fail_if_bad("TPC-B", bad)?;
         Ok(if reads == 0 {
             format!(
                 "sum(branch) = sum(teller) = sum(account) = sum(history delta) = {sb}; \

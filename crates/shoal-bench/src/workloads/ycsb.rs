@@ -176,9 +176,7 @@ impl Ycsb {
         progress: &ProgressBar,
     ) -> anyhow::Result<Ycsb> {
         ensure!(records >= 1, "--records must be at least 1");
-        let table = db
-            .create_table("usertable")
-            .context("creating usertable (is the database empty?)")?;
+        let table = super::create_table(db, "usertable")?;
         let y = Ycsb {
             table,
             records,

@@ -223,6 +223,23 @@ fn splitmix64(mut x: u64) -> u64 {
     x ^ (x >> 31)
 }
 
+/// A fresh directory named `prefix` and a random suffix, removed when dropped: inside `parent`
+/// (created if missing), or in the system's temporary directory.
+pub fn fresh_dir(
+    parent: Option<&std::path::Path>,
+    prefix: &str,
+) -> anyhow::Result<tempfile::TempDir> {
+    let b = tempfile::Builder::new().prefix(prefix).clone();
+    match parent {
+        Some(d) => {
+            std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
+            b.tempdir_in(d)
+                .with_context(|| format!("creating a directory in {}", d.display()))
+        }
+        None => b.tempdir().context("creating a temporary directory"),
+    }
+}
+
 /// A progress bar with `template`, or a hidden one when `progress` is off.
 pub fn bar(progress: bool, len: u64, template: &str) -> ProgressBar {
     if !progress {

@@ -8,11 +8,10 @@ use anyhow::ensure;
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
 
-use super::{LoadCfg, PortableWorkload, RunCfg};
+use super::{Done, LoadCfg, PortableWorkload, RunCfg};
 use crate::engines::{decode_i64, load_rows, KvEngine, KvTx, LoadValue, TableId, TxResult};
 use crate::workloads::incr::draw_incr1;
 use crate::workloads::ops::scan_counted;
-use crate::workloads::Ledger;
 
 /// The loaded counters.
 pub struct Incr1 {
@@ -66,12 +65,7 @@ impl PortableWorkload for Incr1 {
         [1, u64::from(st.key == 0)]
     }
 
-    fn check(
-        &self,
-        engine: &dyn KvEngine,
-        _ledger: &Ledger,
-        tally: [u64; 2],
-    ) -> anyhow::Result<String> {
+    fn check(&self, engine: &dyn KvEngine, done: &Done) -> anyhow::Result<String> {
         let mut sum = 0i64;
         let mut hot = 0i64;
         scan_counted(engine, &self.table, "counters", self.keys, &mut |k, v| {
@@ -83,14 +77,14 @@ impl PortableWorkload for Incr1 {
             Ok(())
         })?;
         ensure!(
-            sum as u64 == tally[0],
+            sum as u64 == done.tally[0],
             "counters add up to {sum}, {} commits",
-            tally[0]
+            done.tally[0]
         );
         ensure!(
-            hot as u64 == tally[1],
+            hot as u64 == done.tally[1],
             "hot counter {hot}, {} hot commits",
-            tally[1]
+            done.tally[1]
         );
         Ok(format!("{sum} increments, {hot} on the hot key"))
     }

@@ -13,10 +13,11 @@ pub mod incr;
 pub mod tpcb;
 pub mod ycsb;
 
+pub use crate::config::portable::{LoadCfg, PeerArgs, PortableParams, RunCfg};
+
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context};
 use serde::Serialize;
@@ -30,80 +31,6 @@ use crate::engines::{
 use crate::report::{self, Latency, Window};
 use crate::workloads::tpcb::Tpcb;
 use crate::workloads::{Ledger, WorkloadKind};
-
-/// The options of `shoal bench` that only the portable path reads.
-#[derive(Debug, Clone, Default, clap::Args)]
-pub struct PeerArgs {
-    /// Run the workload through the portable path on each of these engines:
-    /// `shoal-2pl`, `shoal-occ`, `rocksdb-pessimistic`, `rocksdb-optimistic`, `sqlite`
-    /// (the peers need the cargo features `rocksdb` / `sqlite`, or `peers` for both).
-    /// Workloads: tpcb, ycsb (mixes a, b, c, f), incr1.
-    #[arg(long, value_delimiter = ',', value_name = "LIST", value_parser = crate::engines::parse_engine)]
-    pub engine: Vec<EngineKind>,
-}
-
-/// Everything a portable sweep needs from the command line.
-#[derive(Debug, Clone)]
-pub struct PortableParams {
-    /// The workload (tpcb, ycsb or incr1).
-    pub workload: WorkloadKind,
-    /// Engines, in the order given.
-    pub engines: Vec<EngineKind>,
-    /// `--log` values (none and sync only).
-    pub logs: Vec<Log>,
-    /// Worker thread counts.
-    pub threads: Vec<u64>,
-    /// TPC-B scales.
-    pub scales: Vec<u64>,
-    /// YCSB records / INCR1 keys (`None`: the workload's default).
-    pub records: Option<Vec<u64>>,
-    /// YCSB bytes per field (ten fields).
-    pub field_sizes: Vec<u64>,
-    /// YCSB mixes (`None`: `a`).
-    pub mixes: Option<Vec<String>>,
-    /// INCR1 hot fractions (`None`: 0.1).
-    pub hot_fractions: Option<Vec<f64>>,
-    /// YCSB key distribution (`None`: Zipfian 0.99).
-    pub dist: Option<KeyDist>,
-    /// Seeds.
-    pub seeds: Vec<u64>,
-    /// Warm-up per run.
-    pub warmup: Duration,
-    /// Measurement window per run.
-    pub duration: Duration,
-    /// Parent directory of the databases (`None`: a temporary directory each).
-    pub db_dir: Option<PathBuf>,
-    /// JSON output file.
-    pub json: Option<PathBuf>,
-}
-
-/// The data options of one load (one database).
-#[derive(Clone, Debug, PartialEq)]
-pub struct LoadCfg {
-    /// TPC-B scale (branches).
-    pub scale: u64,
-    /// YCSB records / INCR1 keys.
-    pub records: u64,
-    /// YCSB bytes per field.
-    pub field_size: usize,
-}
-
-/// The options of one run on a loaded database.
-#[derive(Clone, Debug)]
-pub struct RunCfg {
-    /// Worker threads.
-    pub threads: usize,
-    /// YCSB mix letter.
-    pub mix: String,
-    /// INCR1 hot fraction.
-    pub hot_fraction: f64,
-    /// YCSB key distribution.
-    pub dist: KeyDist,
-    /// Seed.
-    pub seed: u64,
-    /// Run number on its database (part of TPC-B's history keys).
-    pub run: u16,
-}
 
 /// A workload written against [`KvTx`].
 pub trait PortableWorkload: Sized + Sync {
@@ -134,14 +61,17 @@ pub trait PortableWorkload: Sized + Sync {
     /// (added up over every thread and run).
     fn committed(&self, st: &mut Self::Worker) -> [u64; 2];
 
-    /// Checks the database against everything committed on it: the commits of every run
-    /// and thread (`ledger`) and what [`committed`](Self::committed) counted (`tally`).
-    fn check(
-        &self,
-        engine: &dyn KvEngine,
-        ledger: &Ledger,
-        tally: [u64; 2],
-    ) -> anyhow::Result<String>;
+    /// Checks the database against everything committed on it.
+    fn check(&self, engine: &dyn KvEngine, done: &Done) -> anyhow::Result<String>;
+}
+
+/// Everything committed on one database so far, for its consistency check.
+#[derive(Clone, Debug, Default)]
+pub struct Done {
+    /// The commits of every run and thread, warm-up included.
+    pub ledger: Ledger,
+    /// What [`PortableWorkload::committed`] counted, added up.
+    pub tally: [u64; 2],
 }
 
 /// One run's result.
@@ -360,25 +290,11 @@ fn run_group<W: PortableWorkload>(
     runs: &[RunCfg],
     out: &mut Vec<PortableRecord>,
 ) -> anyhow::Result<()> {
-    let tmp;
-    let dir = match &p.db_dir {
-        Some(d) => {
-            std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
-            tmp = tempfile::Builder::new()
-                .prefix(&format!("shoal-bench-{}-", engine.name()))
-                .tempdir_in(d)
-                .context("creating a database directory")?;
-            tmp.path().to_path_buf()
-        }
-        None => {
-            tmp = tempfile::Builder::new()
-                .prefix(&format!("shoal-bench-{}-", engine.name()))
-                .tempdir()
-                .context("creating a temporary database directory")?;
-            tmp.path().to_path_buf()
-        }
-    };
-    let db = engine.open(&dir, dur)?;
+    let dir = driver::fresh_dir(
+        p.db_dir.as_deref(),
+        &format!("shoal-bench-{}-", engine.name()),
+    )?;
+    let db = engine.open(dir.path(), dur)?;
     let t0 = Instant::now();
     let w = W::load(db.as_ref(), load)
         .with_context(|| format!("loading {} into {}", p.workload.name(), engine.name()))?;
@@ -389,15 +305,14 @@ fn run_group<W: PortableWorkload>(
         w.rows(),
         engine.name()
     );
-    let mut tally = [0u64; 2];
-    let mut ledger = Ledger::default();
+    let mut done = Done::default();
     for run in runs {
         let (m, t) = measure(p, db.as_ref(), &w, run)
             .with_context(|| format!("{} on {}", p.workload.name(), engine.name()))?;
-        tally[0] += t[0];
-        tally[1] += t[1];
-        ledger.commits.push(m.per_thread.clone());
-        let check = match w.check(db.as_ref(), &ledger, tally) {
+        done.tally[0] += t[0];
+        done.tally[1] += t[1];
+        done.ledger.commits.push(m.per_thread.clone());
+        let check = match w.check(db.as_ref(), &done) {
             Ok(s) => format!("ok: {s}"),
             Err(e) => format!("FAILED: {e:#}"),
         };
@@ -629,8 +544,19 @@ pub fn render_table(p: &PortableParams, records: &[PortableRecord]) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+    use std::time::Duration;
+
+    /// A fresh unlogged shoal-2pl engine behind the engine-neutral interface, and the
+    /// directory it lives in.
+    pub fn shoal_engine() -> (tempfile::TempDir, Box<dyn KvEngine>) {
+        let dir = tempfile::tempdir().unwrap();
+        let db = EngineKind::Shoal2pl
+            .open(dir.path(), Durability::None)
+            .unwrap();
+        (dir, db)
+    }
 
     fn params(workload: WorkloadKind, engines: &[EngineKind]) -> PortableParams {
         PortableParams {
@@ -699,10 +625,7 @@ mod tests {
 
     #[test]
     fn the_tpcb_check_catches_a_lost_update() {
-        let dir = tempfile::tempdir().unwrap();
-        let db = EngineKind::Shoal2pl
-            .open(dir.path(), Durability::None)
-            .unwrap();
+        let (_dir, db) = shoal_engine();
         let w = Tpcb::<TableId>::load(
             db.as_ref(),
             &LoadCfg {
@@ -712,15 +635,15 @@ mod tests {
             },
         )
         .unwrap();
-        let none = Ledger::default();
-        assert!(w.check(db.as_ref(), &none, [0, 0]).is_ok());
+        let none = Done::default();
+        assert!(w.check(db.as_ref(), &none).is_ok());
         // Account 5 changes without a history row: the check must notice.
         let account = crate::engines::TableId(2);
         let mut s = db.session().unwrap();
         let mut tx = s.begin(false).unwrap();
         tx.add(account, &5u64.to_be_bytes(), 10).unwrap();
         tx.commit().unwrap();
-        let err = w.check(db.as_ref(), &none, [0, 0]).unwrap_err().to_string();
+        let err = w.check(db.as_ref(), &none).unwrap_err().to_string();
         assert!(err.contains("account 5"), "{err}");
     }
 

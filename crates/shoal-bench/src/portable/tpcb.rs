@@ -3,14 +3,13 @@
 //! engine-neutral interface. This file holds only what the engine-neutral path does its own
 //! way: the load (through one session, in transactions of 10,000 rows).
 
-use super::{LoadCfg, PortableWorkload, RunCfg};
+use super::{Done, LoadCfg, PortableWorkload, RunCfg};
 use crate::dist::KeyDist;
 use crate::engines::{load_rows, KvEngine, KvTx, LoadValue, TableId, TxResult};
 use crate::workloads::tpcb::{
     id_key, rows, Tables, Tpcb, TpcbWorker, ACCOUNTS_PER_BRANCH as ACCOUNTS,
     TELLERS_PER_BRANCH as TELLERS,
 };
-use crate::workloads::Ledger;
 
 impl PortableWorkload for Tpcb<TableId> {
     type Worker = TpcbWorker;
@@ -54,28 +53,19 @@ impl PortableWorkload for Tpcb<TableId> {
         [1, 0]
     }
 
-    fn check(
-        &self,
-        engine: &dyn KvEngine,
-        ledger: &Ledger,
-        _tally: [u64; 2],
-    ) -> anyhow::Result<String> {
-        self.tables().check(engine, self.branches(), ledger)
+    fn check(&self, engine: &dyn KvEngine, done: &Done) -> anyhow::Result<String> {
+        self.tables().check(engine, self.branches(), &done.ledger)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engines::{Durability, EngineKind};
     use crate::workloads::tpcb::{history_key, HistoryRow, FLAG_ALL};
 
     #[test]
     fn history_rows_are_the_shoal_native_ones() {
-        let dir = tempfile::tempdir().unwrap();
-        let db = EngineKind::Shoal2pl
-            .open(dir.path(), Durability::None)
-            .unwrap();
+        let (_dir, db) = crate::portable::tests::shoal_engine();
         let load = LoadCfg {
             scale: 2,
             records: 0,
@@ -113,9 +103,12 @@ mod tests {
             assert_eq!((h.flags, h.bid), (FLAG_ALL, h.tid / TELLERS));
             assert!(h.aid < 2 * ACCOUNTS);
         }
-        let ledger = Ledger {
-            commits: vec![vec![0, 0, 0, 0, 0, 2]],
+        let done = Done {
+            ledger: crate::workloads::Ledger {
+                commits: vec![vec![0, 0, 0, 0, 0, 2]],
+            },
+            tally: [2, 0],
         };
-        assert!(w.check(db.as_ref(), &ledger, [2, 0]).is_ok());
+        assert!(w.check(db.as_ref(), &done).is_ok());
     }
 }

@@ -16,12 +16,11 @@ use anyhow::ensure;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use super::{LoadCfg, PortableWorkload, RunCfg};
+use super::{Done, LoadCfg, PortableWorkload, RunCfg};
 use crate::dist::Sampler;
 use crate::engines::{load_rows, KvEngine, KvTx, LoadValue, TableId, TxError, TxResult};
 use crate::workloads::ops::scan_counted;
 use crate::workloads::ycsb::{fnv, Mix, Op};
-use crate::workloads::Ledger;
 
 /// A loaded YCSB table.
 pub struct Ycsb {
@@ -119,12 +118,7 @@ impl PortableWorkload for Ycsb {
         [u64::from(st.update), 0]
     }
 
-    fn check(
-        &self,
-        engine: &dyn KvEngine,
-        _ledger: &Ledger,
-        tally: [u64; 2],
-    ) -> anyhow::Result<String> {
+    fn check(&self, engine: &dyn KvEngine, done: &Done) -> anyhow::Result<String> {
         let mut updates = 0u64;
         scan_counted(
             engine,
@@ -143,9 +137,9 @@ impl PortableWorkload for Ycsb {
             },
         )?;
         ensure!(
-            updates == tally[0],
+            updates == done.tally[0],
             "counters add up to {updates}, {} updates committed",
-            tally[0]
+            done.tally[0]
         );
         Ok(format!("{} records, {updates} updates", self.records))
     }

@@ -79,8 +79,10 @@ pub trait Adapter: Sync {
     where
         Self: 'a;
 
-    /// Names of the transaction types, for per-type statistics.
-    fn kinds(&self) -> &'static [&'static str];
+    /// Names of the transaction types, for per-type statistics (default: one, `txn`).
+    fn kinds(&self) -> &'static [&'static str] {
+        &["txn"]
+    }
 
     /// The state of worker `thread`, whose seed is `seed`.
     fn prepare(&self, thread: usize, seed: u64) -> anyhow::Result<Self::Prepared>;

@@ -2,6 +2,7 @@
 //! its command-line option ([`PeerArgs`]), the settings of a whole sweep ([`PortableParams`]),
 //! the data options of one load ([`LoadCfg`]) and the options of one run on it ([`RunCfg`]).
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -82,4 +83,26 @@ pub struct RunCfg {
     pub seed: u64,
     /// Run number on its database (part of TPC-B's history keys).
     pub run: u16,
+}
+
+impl RunCfg {
+    /// The workload options of this run on the database `load` (a record's `options`): TPC-B
+    /// its scale; YCSB its records, field size, mix and key distribution; INCR1 its
+    /// counters and hot fraction.
+    pub fn options(&self, workload: WorkloadKind, load: &LoadCfg) -> BTreeMap<String, String> {
+        let o: Vec<(&str, String)> = match workload {
+            WorkloadKind::Tpcb => vec![("scale", load.scale.to_string())],
+            WorkloadKind::Ycsb => vec![
+                ("records", load.records.to_string()),
+                ("field_size", load.field_size.to_string()),
+                ("mix", self.mix.clone()),
+                ("dist", self.dist.describe()),
+            ],
+            _ => vec![
+                ("records", load.records.to_string()),
+                ("hot_fraction", self.hot_fraction.to_string()),
+            ],
+        };
+        o.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+    }
 }

@@ -20,7 +20,6 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context};
-use serde::Serialize;
 
 use crate::config::Log;
 use crate::dist::KeyDist;
@@ -28,6 +27,7 @@ use crate::driver::{self, Adapter, Attempt, RunStats, WorkerLoop};
 use crate::engines::{
     Durability, EngineKind, KvEngine, KvSession, KvTx, TableId, TxError, TxResult,
 };
+use crate::report::portable::{render_table, PortableRecord};
 use crate::report::{self, Latency, Window};
 use crate::workloads::tpcb::Tpcb;
 use crate::workloads::{Ledger, WorkloadKind};
@@ -72,48 +72,6 @@ pub struct Done {
     pub ledger: Ledger,
     /// What [`PortableWorkload::committed`] counted, added up.
     pub tally: [u64; 2],
-}
-
-/// One run's result.
-#[derive(Clone, Debug, Serialize)]
-pub struct PortableRecord {
-    /// Workload name.
-    pub workload: String,
-    /// Engine name (`shoal-2pl`, `sqlite`, ...).
-    pub engine: String,
-    /// The engine's configuration.
-    pub engine_options: String,
-    /// `--log`.
-    pub log: String,
-    /// Worker threads.
-    pub threads: usize,
-    /// Workload options of this run (`scale`, `records`, `mix`, `hot_fraction`, ...).
-    pub options: BTreeMap<String, String>,
-    /// Seed.
-    pub seed: u64,
-    /// Seconds the load took.
-    pub load_s: f64,
-    /// The measurement window and what committed and aborted in it.
-    #[serde(flatten)]
-    pub window: Window,
-    /// Commits per second in the window.
-    pub throughput: f64,
-    /// Throughput divided by shoal-2pl's on the same options, if shoal-2pl ran.
-    pub vs_shoal_2pl: Option<f64>,
-    /// Latency percentiles of commits (retries included), microseconds.
-    pub latency_us: Latency,
-    /// Consistency check: `ok: summary` or `FAILED: reason`.
-    pub check: String,
-}
-
-impl PortableRecord {
-    /// The options other than the engine, identifying comparable runs.
-    fn peer_key(&self) -> String {
-        format!(
-            "{} {} {} {:?} {}",
-            self.workload, self.log, self.threads, self.options, self.seed
-        )
-    }
 }
 
 /// Runs the portable sweep, prints the table and writes the JSON; fails if a consistency check
@@ -316,22 +274,6 @@ fn run_group<W: PortableWorkload>(
             Ok(s) => format!("ok: {s}"),
             Err(e) => format!("FAILED: {e:#}"),
         };
-        let mut options = BTreeMap::new();
-        match p.workload {
-            WorkloadKind::Tpcb => {
-                options.insert("scale".into(), load.scale.to_string());
-            }
-            WorkloadKind::Ycsb => {
-                options.insert("records".into(), load.records.to_string());
-                options.insert("field_size".into(), load.field_size.to_string());
-                options.insert("mix".into(), run.mix.clone());
-                options.insert("dist".into(), run.dist.describe());
-            }
-            _ => {
-                options.insert("records".into(), load.records.to_string());
-                options.insert("hot_fraction".into(), run.hot_fraction.to_string());
-            }
-        }
         let secs = m.measured.as_secs_f64();
         let rec = PortableRecord {
             workload: p.workload.name().to_string(),
@@ -339,7 +281,7 @@ fn run_group<W: PortableWorkload>(
             engine_options: db.describe(),
             log: log.name().to_string(),
             threads: run.threads,
-            options,
+            options: run.options(p.workload, load),
             seed: run.seed,
             load_s: (load_s * 100.0).round() / 100.0,
             window: Window::new(p.duration, p.warmup, (secs * 1000.0).round() / 1000.0, &m),
@@ -414,10 +356,6 @@ impl<W: PortableWorkload> Adapter for Portable<'_, W> {
     where
         Self: 'l;
 
-    fn kinds(&self) -> &'static [&'static str] {
-        &["txn"]
-    }
-
     fn prepare(&self, thread: usize, seed: u64) -> anyhow::Result<W::Worker> {
         Ok(self.w.worker(self.run, u16::try_from(thread)?, seed))
     }
@@ -483,64 +421,6 @@ impl<W: PortableWorkload> WorkerLoop for PortableLoop<'_, W> {
             total[1] += self.tally[1];
         }
     }
-}
-
-/// The result table: one row per run, with the throughput ratio to shoal-2pl.
-pub fn render_table(p: &PortableParams, records: &[PortableRecord]) -> String {
-    let mut s = format!(
-        "{} through the portable path: warm-up {:.1} s, {:.1} s per run\n",
-        p.workload.name(),
-        p.warmup.as_secs_f64(),
-        p.duration.as_secs_f64()
-    );
-    let head = [
-        "engine",
-        "log",
-        "options",
-        "threads",
-        "tps",
-        "vs 2pl",
-        "commits",
-        "aborts",
-        "dl/to/cf",
-        "p50 µs",
-        "p99 µs",
-        "p99.9 µs",
-        "max µs",
-        "check",
-    ];
-    let mut rows: Vec<Vec<String>> = vec![head.iter().map(|h| h.to_string()).collect()];
-    for r in records {
-        let opts: Vec<String> = r.options.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        let a = &r.window.aborts;
-        rows.push(vec![
-            r.engine.clone(),
-            r.log.clone(),
-            opts.join(" "),
-            r.threads.to_string(),
-            format!("{:.0}", r.throughput),
-            r.vs_shoal_2pl.map_or("-".into(), |v| format!("{v:.2}")),
-            r.window.committed.to_string(),
-            a.aborted.to_string(),
-            format!(
-                "{}/{}/{}",
-                a.aborted_deadlock, a.aborted_lock_timeout, a.aborted_conflict
-            ),
-            format!("{:.1}", r.latency_us.p50),
-            format!("{:.1}", r.latency_us.p99),
-            format!("{:.1}", r.latency_us.p999),
-            format!("{:.1}", r.latency_us.max),
-            if r.check.starts_with("ok") {
-                "ok".into()
-            } else {
-                "FAILED".into()
-            },
-        ]);
-    }
-    // Engine, log and options left-aligned, the figures right-aligned.
-    report::push_aligned(&mut s, &rows, 3);
-    s.push_str("vs 2pl: throughput / shoal-2pl's with the same options; dl/to/cf: aborts by deadlock / lock timeout (SQLite: busy) / conflict\n");
-    s
 }
 
 #[cfg(test)]

@@ -391,41 +391,21 @@ trait Field: Sized {
     fn get(d: &mut Dec<'_>) -> Self;
 }
 
-impl Field for u8 {
-    fn put(&self, e: Enc) -> Enc {
-        e.u8(*self)
-    }
-    fn get(d: &mut Dec<'_>) -> u8 {
-        d.u8()
-    }
+/// [`Field`] for the integers, each through the [`Enc`] and [`Dec`] method of its name.
+macro_rules! int_fields {
+    ($($t:ident),*) => {$(
+        impl Field for $t {
+            fn put(&self, e: Enc) -> Enc {
+                e.$t(*self)
+            }
+            fn get(d: &mut Dec<'_>) -> $t {
+                d.$t()
+            }
+        }
+    )*};
 }
 
-impl Field for u32 {
-    fn put(&self, e: Enc) -> Enc {
-        e.u32(*self)
-    }
-    fn get(d: &mut Dec<'_>) -> u32 {
-        d.u32()
-    }
-}
-
-impl Field for u64 {
-    fn put(&self, e: Enc) -> Enc {
-        e.u64(*self)
-    }
-    fn get(d: &mut Dec<'_>) -> u64 {
-        d.u64()
-    }
-}
-
-impl Field for i64 {
-    fn put(&self, e: Enc) -> Enc {
-        e.i64(*self)
-    }
-    fn get(d: &mut Dec<'_>) -> i64 {
-        d.i64()
-    }
-}
+int_fields!(u8, u32, u64, i64);
 
 impl Field for Vec<u8> {
     fn put(&self, e: Enc) -> Enc {

@@ -374,13 +374,10 @@ mod tests {
         let db = open(&cfg);
         let w = Incr::load(&db, &cfg, 2, &ProgressBar::hidden()).unwrap();
         // Split the hottest counter from the start (the classification needs longer).
-        let (ledger, stats) = run_split(&w, &db, &cfg, 300, |w| {
+        let (ledger, _) = run_split(&w, &db, &cfg, 300, 1, |w| {
             db.split_hint(&w.table, b"k000000000000000", shoal::doppel::SplitOp::Add)
                 .unwrap();
         });
-        if let Some(s) = stats {
-            assert!(s.split_phases > 0 && s.max_split_keys >= 1, "{s:?}");
-        }
         let msg = w
             .check(&db, &ledger)
             .unwrap_or_else(|e| panic!("{cc}: {e:#}"));

@@ -261,13 +261,15 @@ pub(crate) mod testutil {
     }
 
     /// [`run_txns`] under Doppel's split phases: on a Doppel database, `hint` first names the
-    /// keys to split and the run starts once (within 2 s) a split phase has begun; returns the
-    /// ledger and, on a Doppel database, the runtime's counters afterwards.
+    /// keys to split and the run starts once (within 2 s) a split phase has begun, and the run
+    /// must have seen split phases with at least `min_split` keys split; returns the ledger
+    /// and, on a Doppel database, the runtime's counters afterwards.
     pub fn run_split<W: Workload>(
         w: &W,
         db: &Database,
         cfg: &RunConfig,
         n: u64,
+        min_split: usize,
         hint: impl FnOnce(&W),
     ) -> (Ledger, Option<shoal::DoppelStats>) {
         if db.doppel_stats().is_some() {
@@ -279,7 +281,12 @@ pub(crate) mod testutil {
                 std::thread::sleep(std::time::Duration::from_millis(1));
             }
         }
-        (run_txns(w, db, cfg, n), db.doppel_stats())
+        let ledger = run_txns(w, db, cfg, n);
+        let stats = db.doppel_stats();
+        if let Some(s) = &stats {
+            assert!(s.split_phases > 0 && s.max_split_keys >= min_split, "{s:?}");
+        }
+        (ledger, stats)
     }
 
     /// Runs `n` transactions on each of two threads, retrying retryable aborts; returns the

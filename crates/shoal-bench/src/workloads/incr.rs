@@ -35,7 +35,7 @@ use rand::{Rng, SeedableRng};
 use shoal::{Database, Table, Transaction};
 
 use super::doppel_args::{float, key16, label_top, parse_key16, text};
-use super::{parallel_load, Ledger, Workload};
+use super::{load_ids, Ledger, Workload};
 use crate::config::{Cc, RunConfig};
 use crate::dist::{KeyDist, Sampler};
 
@@ -167,18 +167,19 @@ impl Workload for Incr {
     ) -> anyhow::Result<Incr> {
         let n = cfg.records.max(2);
         let table = super::create_table(db, "counters")?;
-        let chunks: Vec<u64> = (0..n).step_by(LOAD_CHUNK as usize).collect();
-        parallel_load(&chunks, load_threads, progress, |&lo| {
-            let hi = (lo + LOAD_CHUNK).min(n);
-            db.run(|tx| {
+        load_ids(
+            db,
+            n,
+            LOAD_CHUNK,
+            load_threads,
+            progress,
+            "counters",
+            |tx, i| {
                 let mut k = [0u8; 16];
-                for i in lo..hi {
-                    tx.insert(&table, key16(b'k', i, &mut k), 0i64.to_le_bytes())?;
-                }
-                Ok(())
-            })?;
-            Ok(hi - lo)
-        })?;
+                tx.insert(&table, key16(b'k', i, &mut k), 0i64.to_le_bytes())?;
+                Ok(1)
+            },
+        )?;
         label_top(db, cfg, &table, b'k', n)?;
         let atomic = (cfg.cc == Cc::Atomic).then(|| (0..n).map(|_| AtomicI64::new(0)).collect());
         Ok(Incr {

@@ -20,7 +20,7 @@ use rand::{Rng, SeedableRng};
 use shoal::{Database, Table, Transaction};
 
 use super::doppel_args::{float, key16, label_top, parse_key16};
-use super::{parallel_load, Ledger, Workload};
+use super::{load_ids, Ledger, Workload};
 use crate::config::{Cc, RunConfig};
 use crate::dist::{KeyDist, Sampler};
 
@@ -102,19 +102,20 @@ impl Workload for Like {
         let n = cfg.records;
         let users = super::create_table(db, "users")?;
         let pages = super::create_table(db, "pages")?;
-        let chunks: Vec<u64> = (0..n).step_by(LOAD_CHUNK as usize).collect();
-        parallel_load(&chunks, load_threads, progress, |&lo| {
-            let hi = (lo + LOAD_CHUNK).min(n);
-            db.run(|tx| {
+        load_ids(
+            db,
+            n,
+            LOAD_CHUNK,
+            load_threads,
+            progress,
+            "users and pages",
+            |tx, i| {
                 let mut k = [0u8; 16];
-                for i in lo..hi {
-                    tx.insert(&users, key16(b'u', i, &mut k), (-1i64).to_le_bytes())?;
-                    tx.insert(&pages, key16(b'p', i, &mut k), 0i64.to_le_bytes())?;
-                }
-                Ok(())
-            })?;
-            Ok(2 * (hi - lo))
-        })?;
+                tx.insert(&users, key16(b'u', i, &mut k), (-1i64).to_le_bytes())?;
+                tx.insert(&pages, key16(b'p', i, &mut k), 0i64.to_le_bytes())?;
+                Ok(2)
+            },
+        )?;
         label_top(db, cfg, &pages, b'p', n)?;
         Ok(Like {
             users,

@@ -124,6 +124,26 @@ pub fn parallel_load<T: Sync>(
     })
 }
 
+/// Loads rows `0..n` in transactions of `chunk` ids spread over up to `threads` threads
+/// ([`parallel_load`]): `row(tx, id)` inserts what id `id` stands for and returns how many
+/// rows that was (for `progress`). `what` names the rows in errors.
+pub fn load_ids(
+    db: &Database,
+    n: u64,
+    chunk: u64,
+    threads: usize,
+    progress: &indicatif::ProgressBar,
+    what: &str,
+    row: impl Fn(&mut Transaction<'_>, u64) -> shoal::Result<u64> + Sync,
+) -> anyhow::Result<()> {
+    let starts: Vec<u64> = (0..n).step_by(usize::try_from(chunk.max(1))?).collect();
+    parallel_load(&starts, threads, progress, |&lo| {
+        let hi = (lo + chunk).min(n);
+        db.run(|tx| (lo..hi).try_fold(0, |rows, id| Ok(rows + row(tx, id)?)))
+            .with_context(|| format!("loading {what} {lo}..{hi}"))
+    })
+}
+
 /// Creates the table `name` in the database the harness opened empty for the workload.
 pub fn create_table(db: &Database, name: &str) -> anyhow::Result<Table> {
     db.create_table(name)

@@ -9,13 +9,13 @@
 //! drawn uniformly, or by `--zipf`/`--self-similar`. The consistency check: every teller
 //! exists, no balance is negative, and the balances sum to 5 × the commits.
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use indicatif::ProgressBar;
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
 use shoal::{Database, Table, Transaction};
 
-use super::{parallel_load, Ledger, Workload};
+use super::{Ledger, Workload};
 use crate::config::RunConfig;
 use crate::dist::{KeyDist, Sampler};
 
@@ -57,20 +57,19 @@ impl Workload for Tellers {
             bail!("tellers needs at least {TELLERS_PER_TXN} tellers (--records), got {n}");
         }
         let teller = super::create_table(db, "teller")?;
-        let batches: Vec<(u64, u64)> = (0..n.div_ceil(LOAD_BATCH))
-            .map(|b| (b * LOAD_BATCH, ((b + 1) * LOAD_BATCH).min(n)))
-            .collect();
         let zero = 0i64.to_le_bytes();
-        parallel_load(&batches, load_threads, progress, |&(lo, hi)| {
-            db.run(|tx| {
-                for id in lo..hi {
-                    tx.insert(&teller, key(id), zero)?;
-                }
-                Ok(())
-            })
-            .with_context(|| format!("loading tellers {lo}..{hi}"))?;
-            Ok(hi - lo)
-        })?;
+        super::load_ids(
+            db,
+            n,
+            LOAD_BATCH,
+            load_threads,
+            progress,
+            "tellers",
+            |tx, id| {
+                tx.insert(&teller, key(id), zero)?;
+                Ok(1)
+            },
+        )?;
         Ok(Tellers { teller, n })
     }
 

@@ -79,8 +79,10 @@ pub trait Adapter: Sync {
     where
         Self: 'a;
 
-    /// Names of the transaction types, for per-type statistics.
-    fn kinds(&self) -> &'static [&'static str];
+    /// Names of the transaction types, for per-type statistics (default: one, `txn`).
+    fn kinds(&self) -> &'static [&'static str] {
+        &["txn"]
+    }
 
     /// The state of worker `thread`, whose seed is `seed`.
     fn prepare(&self, thread: usize, seed: u64) -> anyhow::Result<Self::Prepared>;
@@ -221,6 +223,23 @@ fn splitmix64(mut x: u64) -> u64 {
     x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     x ^ (x >> 31)
+}
+
+/// A fresh directory named `prefix` and a random suffix, removed when dropped: inside `parent`
+/// (created if missing), or in the system's temporary directory.
+pub fn fresh_dir(
+    parent: Option<&std::path::Path>,
+    prefix: &str,
+) -> anyhow::Result<tempfile::TempDir> {
+    let b = tempfile::Builder::new().prefix(prefix).clone();
+    match parent {
+        Some(d) => {
+            std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
+            b.tempdir_in(d)
+                .with_context(|| format!("creating a directory in {}", d.display()))
+        }
+        None => b.tempdir().context("creating a temporary directory"),
+    }
 }
 
 /// A progress bar with `template`, or a hidden one when `progress` is off.

@@ -138,22 +138,14 @@ fn run_group(
             None => d.clone(),
         },
         None => {
-            tmp = tempfile::Builder::new()
-                .prefix("shoal-bench-")
-                .tempdir()
-                .context("creating a temporary database directory")?;
+            tmp = driver::fresh_dir(None, "shoal-bench-")?;
             tmp.path().to_path_buf()
         }
     };
     let mut opts = first.options.clone();
     if let Some(log_dir) = &opts.log_dir {
         // A fresh log directory per database, inside the one given, removed afterwards.
-        std::fs::create_dir_all(log_dir)
-            .with_context(|| format!("creating the log directory {}", log_dir.display()))?;
-        log_tmp = tempfile::Builder::new()
-            .prefix("shoal-bench-log-")
-            .tempdir_in(log_dir)
-            .with_context(|| format!("creating a log directory in {}", log_dir.display()))?;
+        log_tmp = driver::fresh_dir(Some(log_dir), "shoal-bench-log-")?;
         opts.log_dir = Some(log_tmp.path().to_path_buf());
     }
     let db = Database::open(&dir, opts)

@@ -5,6 +5,7 @@
 //! harness, which runs the workloads, do not import each other.
 
 pub mod engine;
+pub mod portable;
 
 use std::path::PathBuf;
 use std::time::Duration;

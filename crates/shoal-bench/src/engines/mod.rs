@@ -15,6 +15,9 @@ pub mod shoal;
 pub mod sqlite;
 
 use std::path::Path;
+use std::sync::RwLock;
+
+use anyhow::anyhow;
 
 /// Why a transaction aborted in a way that retrying can fix.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,6 +73,43 @@ pub type TxResult<T> = Result<T, TxError>;
 /// A table handle: an index into the engine's tables, valid for the engine that made it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TableId(pub usize);
+
+/// The tables an engine created, its own handle of each by [`TableId`].
+pub struct TableList<T>(RwLock<Vec<T>>);
+
+impl<T: Clone> TableList<T> {
+    /// No tables.
+    pub fn new() -> TableList<T> {
+        TableList(RwLock::new(Vec::new()))
+    }
+
+    /// Adds a table's handle; returns its id.
+    pub fn push(&self, t: T) -> anyhow::Result<TableId> {
+        let mut tables = self.0.write().map_err(|_| anyhow!("table list poisoned"))?;
+        tables.push(t);
+        Ok(TableId(tables.len() - 1))
+    }
+
+    fn read(&self) -> anyhow::Result<std::sync::RwLockReadGuard<'_, Vec<T>>> {
+        self.0.read().map_err(|_| anyhow!("table list poisoned"))
+    }
+
+    /// The handle of table `id`.
+    pub fn get(&self, id: TableId) -> anyhow::Result<T> {
+        (self.read()?.get(id.0).cloned()).ok_or_else(|| anyhow!("no table {}", id.0))
+    }
+
+    /// Every table's handle, by id (a session's copy).
+    pub fn all(&self) -> anyhow::Result<Vec<T>> {
+        Ok(self.read()?.clone())
+    }
+}
+
+impl<T: Clone> Default for TableList<T> {
+    fn default() -> Self {
+        TableList::new()
+    }
+}
 
 /// Commit durability, the same meaning for every engine (`--log`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

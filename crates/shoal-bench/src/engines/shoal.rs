@@ -2,18 +2,19 @@
 //! default options apart from the concurrency control and the commit logging.
 
 use std::path::Path;
-use std::sync::RwLock;
 
 use anyhow::{anyhow, Context};
 use shoal::{ConcurrencyControl, Database, Error, LogMode, Options, Table, Transaction};
 
 use super::TxResult;
-use super::{AbortKind, Durability, EngineKind, KvEngine, KvSession, KvTx, TableId, TxError};
+use super::{
+    AbortKind, Durability, EngineKind, KvEngine, KvSession, KvTx, TableId, TableList, TxError,
+};
 
 /// A shoal database.
 pub struct ShoalEngine {
     db: Database,
-    tables: RwLock<Vec<Table>>,
+    tables: TableList<Table>,
 }
 
 impl ShoalEngine {
@@ -32,19 +33,8 @@ impl ShoalEngine {
             .with_context(|| format!("opening shoal in {}", dir.display()))?;
         Ok(ShoalEngine {
             db,
-            tables: RwLock::new(Vec::new()),
+            tables: TableList::new(),
         })
-    }
-
-    fn table(&self, t: TableId) -> anyhow::Result<Table> {
-        let tables = self
-            .tables
-            .read()
-            .map_err(|_| anyhow!("table list poisoned"))?;
-        tables
-            .get(t.0)
-            .cloned()
-            .ok_or_else(|| anyhow!("no table {}", t.0))
     }
 }
 
@@ -60,28 +50,18 @@ fn classify(e: Error) -> TxError {
 
 impl KvEngine for ShoalEngine {
     fn create_table(&self, name: &str) -> anyhow::Result<TableId> {
-        let t = self.db.create_table(name)?;
-        let mut tables = self
-            .tables
-            .write()
-            .map_err(|_| anyhow!("table list poisoned"))?;
-        tables.push(t);
-        Ok(TableId(tables.len() - 1))
+        self.tables.push(self.db.create_table(name)?)
     }
 
     fn session(&self) -> anyhow::Result<Box<dyn KvSession + '_>> {
-        let tables = self
-            .tables
-            .read()
-            .map_err(|_| anyhow!("table list poisoned"))?;
         Ok(Box::new(ShoalSession {
             db: &self.db,
-            tables: tables.clone(),
+            tables: self.tables.all()?,
         }))
     }
 
     fn scan_all(&self, table: TableId) -> anyhow::Result<Vec<(Vec<u8>, Vec<u8>)>> {
-        let t = self.table(table)?;
+        let t = self.tables.get(table)?;
         Ok(self.db.run(|tx| tx.scan(&t, ..))?)
     }
 

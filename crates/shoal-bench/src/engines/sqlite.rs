@@ -11,14 +11,16 @@
 //! 20 µs per try, and gives up (a lock-timeout abort, retried) after about 2 s.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, RwLock};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use anyhow::{anyhow, Context};
 use rusqlite::types::ValueRef;
 use rusqlite::{params, Connection, ErrorCode};
 
-use super::{AbortKind, Durability, KvEngine, KvSession, KvTx, TableId, TxError, TxResult};
+use super::{
+    AbortKind, Durability, KvEngine, KvSession, KvTx, TableId, TableList, TxError, TxResult,
+};
 
 /// Page cache per connection, KiB (negative `cache_size` = KiB).
 const CACHE_KIB: i64 = 512 * 1024;
@@ -30,7 +32,7 @@ const MMAP_BYTES: i64 = 1 << 30;
 pub struct SqliteEngine {
     path: PathBuf,
     durability: Durability,
-    tables: RwLock<Vec<TableSql>>,
+    tables: TableList<TableSql>,
     admin: Mutex<Connection>,
 }
 
@@ -111,7 +113,7 @@ impl SqliteEngine {
         Ok(SqliteEngine {
             path,
             durability,
-            tables: RwLock::new(Vec::new()),
+            tables: TableList::new(),
             admin: Mutex::new(admin),
         })
     }
@@ -129,37 +131,18 @@ impl KvEngine for SqliteEngine {
         admin.execute_batch(&format!(
             "CREATE TABLE \"t_{name}\" (k BLOB PRIMARY KEY, v) WITHOUT ROWID"
         ))?;
-        let mut tables = self
-            .tables
-            .write()
-            .map_err(|_| anyhow!("table list poisoned"))?;
-        tables.push(TableSql::new(name));
-        Ok(TableId(tables.len() - 1))
+        self.tables.push(TableSql::new(name))
     }
 
     fn session(&self) -> anyhow::Result<Box<dyn KvSession + '_>> {
-        let tables = self
-            .tables
-            .read()
-            .map_err(|_| anyhow!("table list poisoned"))?;
         Ok(Box::new(SqliteSession {
             conn: connect(&self.path, self.durability)?,
-            tables: tables.clone(),
+            tables: self.tables.all()?,
         }))
     }
 
     fn scan_all(&self, table: TableId) -> anyhow::Result<Vec<(Vec<u8>, Vec<u8>)>> {
-        let sql = {
-            let tables = self
-                .tables
-                .read()
-                .map_err(|_| anyhow!("table list poisoned"))?;
-            tables
-                .get(table.0)
-                .ok_or_else(|| anyhow!("no table {}", table.0))?
-                .scan
-                .clone()
-        };
+        let sql = self.tables.get(table)?.scan;
         let admin = self
             .admin
             .lock()

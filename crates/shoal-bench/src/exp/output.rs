@@ -140,14 +140,7 @@ pub(super) fn render_csv(e: &Experiment, groups: &[Group], done: &[Done]) -> Str
     for (d, s) in done.iter().zip(&labels) {
         let r = &d.rec;
         let o = opts(r);
-        let _ = write!(
-            out,
-            "{},{},{},{}",
-            e.id,
-            csv_field(&groups[d.group].title),
-            csv_field(s),
-            r.workload
-        );
+        let _ = write!(out, "{},{}", lead(e, groups, d, s), r.workload);
         for k in &keys {
             out.push(',');
             out.push_str(&csv_field(o.get(k).map_or("", String::as_str)));
@@ -172,6 +165,12 @@ pub(super) fn render_csv(e: &Experiment, groups: &[Group], done: &[Done]) -> Str
     out
 }
 
+/// The first cells of a run's CSV rows: experiment, group and series (`label`).
+fn lead(e: &Experiment, groups: &[Group], d: &Done, label: &str) -> String {
+    let group = csv_field(&groups[d.group].title);
+    format!("{},{group},{}", e.id, csv_field(label))
+}
+
 /// Per-interval rows of the runs that sampled: experiment, group, series, then the sample.
 pub(super) fn render_intervals_csv(
     e: &Experiment,
@@ -188,10 +187,8 @@ pub(super) fn render_intervals_csv(
         for i in &d.rec.intervals {
             let _ = writeln!(
                 out,
-                "{},{},{},{},{},{},{},{},{}",
-                e.id,
-                csv_field(&groups[d.group].title),
-                csv_field(s),
+                "{},{},{},{},{},{},{}",
+                lead(e, groups, d, s),
                 i.t_s,
                 i.commits,
                 i.total_commits,

@@ -8,9 +8,10 @@ use anyhow::ensure;
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
 
-use super::{LoadCfg, PortableWorkload, RunCfg};
+use super::{Done, LoadCfg, PortableWorkload, RunCfg};
 use crate::engines::{decode_i64, load_rows, KvEngine, KvTx, LoadValue, TableId, TxResult};
 use crate::workloads::incr::draw_incr1;
+use crate::workloads::ops::scan_counted;
 
 /// The loaded counters.
 pub struct Incr1 {
@@ -56,10 +57,6 @@ impl PortableWorkload for Incr1 {
         st.key = draw_incr1(&mut st.rng, st.hot_fraction, self.keys, 0).0;
     }
 
-    fn read_only(&self, _st: &Worker) -> bool {
-        false
-    }
-
     fn execute(&self, st: &mut Worker, tx: &mut dyn KvTx) -> TxResult<()> {
         tx.add(self.table, &st.key.to_be_bytes(), 1).map(|_| ())
     }
@@ -68,32 +65,26 @@ impl PortableWorkload for Incr1 {
         [1, u64::from(st.key == 0)]
     }
 
-    fn check(&self, engine: &dyn KvEngine, tally: [u64; 2]) -> anyhow::Result<String> {
-        let rows = engine.scan_all(self.table)?;
-        ensure!(
-            rows.len() as u64 == self.keys,
-            "{} counters, loaded {}",
-            rows.len(),
-            self.keys
-        );
+    fn check(&self, engine: &dyn KvEngine, done: &Done) -> anyhow::Result<String> {
         let mut sum = 0i64;
         let mut hot = 0i64;
-        for (k, v) in &rows {
+        scan_counted(engine, &self.table, "counters", self.keys, &mut |k, v| {
             let c = decode_i64(v).map_err(|e| anyhow::anyhow!("{e}"))?;
-            if k.as_slice() == 0u64.to_be_bytes() {
+            if k == 0u64.to_be_bytes() {
                 hot = c;
             }
             sum += c;
-        }
+            Ok(())
+        })?;
         ensure!(
-            sum as u64 == tally[0],
+            sum as u64 == done.tally[0],
             "counters add up to {sum}, {} commits",
-            tally[0]
+            done.tally[0]
         );
         ensure!(
-            hot as u64 == tally[1],
+            hot as u64 == done.tally[1],
             "hot counter {hot}, {} hot commits",
-            tally[1]
+            done.tally[1]
         );
         Ok(format!("{sum} increments, {hot} on the hot key"))
     }

@@ -13,94 +13,24 @@ pub mod incr;
 pub mod tpcb;
 pub mod ycsb;
 
+pub use crate::config::portable::{LoadCfg, PeerArgs, PortableParams, RunCfg};
+
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context};
-use serde::Serialize;
 
 use crate::config::Log;
 use crate::dist::KeyDist;
 use crate::driver::{self, Adapter, Attempt, RunStats, WorkerLoop};
-use crate::engines::{Durability, EngineKind, KvEngine, KvSession, KvTx, TxError, TxResult};
+use crate::engines::{
+    Durability, EngineKind, KvEngine, KvSession, KvTx, TableId, TxError, TxResult,
+};
+use crate::report::portable::{render_table, PortableRecord};
 use crate::report::{self, Latency, Window};
-use crate::workloads::WorkloadKind;
-
-/// The options of `shoal bench` that only the portable path reads.
-#[derive(Debug, Clone, Default, clap::Args)]
-pub struct PeerArgs {
-    /// Run the workload through the portable path on each of these engines:
-    /// `shoal-2pl`, `shoal-occ`, `rocksdb-pessimistic`, `rocksdb-optimistic`, `sqlite`
-    /// (the peers need the cargo features `rocksdb` / `sqlite`, or `peers` for both).
-    /// Workloads: tpcb, ycsb (mixes a, b, c, f), incr1.
-    #[arg(long, value_delimiter = ',', value_name = "LIST", value_parser = crate::engines::parse_engine)]
-    pub engine: Vec<EngineKind>,
-}
-
-/// Everything a portable sweep needs from the command line.
-#[derive(Debug, Clone)]
-pub struct PortableParams {
-    /// The workload (tpcb, ycsb or incr1).
-    pub workload: WorkloadKind,
-    /// Engines, in the order given.
-    pub engines: Vec<EngineKind>,
-    /// `--log` values (none and sync only).
-    pub logs: Vec<Log>,
-    /// Worker thread counts.
-    pub threads: Vec<u64>,
-    /// TPC-B scales.
-    pub scales: Vec<u64>,
-    /// YCSB records / INCR1 keys (`None`: the workload's default).
-    pub records: Option<Vec<u64>>,
-    /// YCSB bytes per field (ten fields).
-    pub field_sizes: Vec<u64>,
-    /// YCSB mixes (`None`: `a`).
-    pub mixes: Option<Vec<String>>,
-    /// INCR1 hot fractions (`None`: 0.1).
-    pub hot_fractions: Option<Vec<f64>>,
-    /// YCSB key distribution (`None`: Zipfian 0.99).
-    pub dist: Option<KeyDist>,
-    /// Seeds.
-    pub seeds: Vec<u64>,
-    /// Warm-up per run.
-    pub warmup: Duration,
-    /// Measurement window per run.
-    pub duration: Duration,
-    /// Parent directory of the databases (`None`: a temporary directory each).
-    pub db_dir: Option<PathBuf>,
-    /// JSON output file.
-    pub json: Option<PathBuf>,
-}
-
-/// The data options of one load (one database).
-#[derive(Clone, Debug, PartialEq)]
-pub struct LoadCfg {
-    /// TPC-B scale (branches).
-    pub scale: u64,
-    /// YCSB records / INCR1 keys.
-    pub records: u64,
-    /// YCSB bytes per field.
-    pub field_size: usize,
-}
-
-/// The options of one run on a loaded database.
-#[derive(Clone, Debug)]
-pub struct RunCfg {
-    /// Worker threads.
-    pub threads: usize,
-    /// YCSB mix letter.
-    pub mix: String,
-    /// INCR1 hot fraction.
-    pub hot_fraction: f64,
-    /// YCSB key distribution.
-    pub dist: KeyDist,
-    /// Seed.
-    pub seed: u64,
-    /// Run number on its database (part of TPC-B's history keys).
-    pub run: u16,
-}
+use crate::workloads::tpcb::Tpcb;
+use crate::workloads::{Ledger, WorkloadKind};
 
 /// A workload written against [`KvTx`].
 pub trait PortableWorkload: Sized + Sync {
@@ -119,8 +49,10 @@ pub trait PortableWorkload: Sized + Sync {
     /// Draws the next transaction's parameters.
     fn next(&self, st: &mut Self::Worker);
 
-    /// Whether the drawn transaction only reads.
-    fn read_only(&self, st: &Self::Worker) -> bool;
+    /// Whether the drawn transaction only reads (default: it may write).
+    fn read_only(&self, _st: &Self::Worker) -> bool {
+        false
+    }
 
     /// Runs the drawn transaction's operations (not the commit).
     fn execute(&self, st: &mut Self::Worker, tx: &mut dyn KvTx) -> TxResult<()>;
@@ -129,50 +61,17 @@ pub trait PortableWorkload: Sized + Sync {
     /// (added up over every thread and run).
     fn committed(&self, st: &mut Self::Worker) -> [u64; 2];
 
-    /// Checks the database against the counts of everything committed on it.
-    fn check(&self, engine: &dyn KvEngine, tally: [u64; 2]) -> anyhow::Result<String>;
+    /// Checks the database against everything committed on it.
+    fn check(&self, engine: &dyn KvEngine, done: &Done) -> anyhow::Result<String>;
 }
 
-/// One run's result.
-#[derive(Clone, Debug, Serialize)]
-pub struct PortableRecord {
-    /// Workload name.
-    pub workload: String,
-    /// Engine name (`shoal-2pl`, `sqlite`, ...).
-    pub engine: String,
-    /// The engine's configuration.
-    pub engine_options: String,
-    /// `--log`.
-    pub log: String,
-    /// Worker threads.
-    pub threads: usize,
-    /// Workload options of this run (`scale`, `records`, `mix`, `hot_fraction`, ...).
-    pub options: BTreeMap<String, String>,
-    /// Seed.
-    pub seed: u64,
-    /// Seconds the load took.
-    pub load_s: f64,
-    /// The measurement window and what committed and aborted in it.
-    #[serde(flatten)]
-    pub window: Window,
-    /// Commits per second in the window.
-    pub throughput: f64,
-    /// Throughput divided by shoal-2pl's on the same options, if shoal-2pl ran.
-    pub vs_shoal_2pl: Option<f64>,
-    /// Latency percentiles of commits (retries included), microseconds.
-    pub latency_us: Latency,
-    /// Consistency check: `ok: summary` or `FAILED: reason`.
-    pub check: String,
-}
-
-impl PortableRecord {
-    /// The options other than the engine, identifying comparable runs.
-    fn peer_key(&self) -> String {
-        format!(
-            "{} {} {} {:?} {}",
-            self.workload, self.log, self.threads, self.options, self.seed
-        )
-    }
+/// Everything committed on one database so far, for its consistency check.
+#[derive(Clone, Debug, Default)]
+pub struct Done {
+    /// The commits of every run and thread, warm-up included.
+    pub ledger: Ledger,
+    /// What [`PortableWorkload::committed`] counted, added up.
+    pub tally: [u64; 2],
 }
 
 /// Runs the portable sweep, prints the table and writes the JSON; fails if a consistency check
@@ -325,7 +224,7 @@ fn sweep(p: &PortableParams, records: &mut Vec<PortableRecord>) -> anyhow::Resul
                 }
                 let res = match p.workload {
                     WorkloadKind::Tpcb => {
-                        run_group::<tpcb::Tpcb>(p, engine, log, dur, load, &runs, records)
+                        run_group::<Tpcb<TableId>>(p, engine, log, dur, load, &runs, records)
                     }
                     WorkloadKind::Ycsb => {
                         run_group::<ycsb::Ycsb>(p, engine, log, dur, load, &runs, records)
@@ -349,25 +248,11 @@ fn run_group<W: PortableWorkload>(
     runs: &[RunCfg],
     out: &mut Vec<PortableRecord>,
 ) -> anyhow::Result<()> {
-    let tmp;
-    let dir = match &p.db_dir {
-        Some(d) => {
-            std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
-            tmp = tempfile::Builder::new()
-                .prefix(&format!("shoal-bench-{}-", engine.name()))
-                .tempdir_in(d)
-                .context("creating a database directory")?;
-            tmp.path().to_path_buf()
-        }
-        None => {
-            tmp = tempfile::Builder::new()
-                .prefix(&format!("shoal-bench-{}-", engine.name()))
-                .tempdir()
-                .context("creating a temporary database directory")?;
-            tmp.path().to_path_buf()
-        }
-    };
-    let db = engine.open(&dir, dur)?;
+    let dir = driver::fresh_dir(
+        p.db_dir.as_deref(),
+        &format!("shoal-bench-{}-", engine.name()),
+    )?;
+    let db = engine.open(dir.path(), dur)?;
     let t0 = Instant::now();
     let w = W::load(db.as_ref(), load)
         .with_context(|| format!("loading {} into {}", p.workload.name(), engine.name()))?;
@@ -378,32 +263,17 @@ fn run_group<W: PortableWorkload>(
         w.rows(),
         engine.name()
     );
-    let mut tally = [0u64; 2];
+    let mut done = Done::default();
     for run in runs {
         let (m, t) = measure(p, db.as_ref(), &w, run)
             .with_context(|| format!("{} on {}", p.workload.name(), engine.name()))?;
-        tally[0] += t[0];
-        tally[1] += t[1];
-        let check = match w.check(db.as_ref(), tally) {
+        done.tally[0] += t[0];
+        done.tally[1] += t[1];
+        done.ledger.commits.push(m.per_thread.clone());
+        let check = match w.check(db.as_ref(), &done) {
             Ok(s) => format!("ok: {s}"),
             Err(e) => format!("FAILED: {e:#}"),
         };
-        let mut options = BTreeMap::new();
-        match p.workload {
-            WorkloadKind::Tpcb => {
-                options.insert("scale".into(), load.scale.to_string());
-            }
-            WorkloadKind::Ycsb => {
-                options.insert("records".into(), load.records.to_string());
-                options.insert("field_size".into(), load.field_size.to_string());
-                options.insert("mix".into(), run.mix.clone());
-                options.insert("dist".into(), run.dist.describe());
-            }
-            _ => {
-                options.insert("records".into(), load.records.to_string());
-                options.insert("hot_fraction".into(), run.hot_fraction.to_string());
-            }
-        }
         let secs = m.measured.as_secs_f64();
         let rec = PortableRecord {
             workload: p.workload.name().to_string(),
@@ -411,7 +281,7 @@ fn run_group<W: PortableWorkload>(
             engine_options: db.describe(),
             log: log.name().to_string(),
             threads: run.threads,
-            options,
+            options: run.options(p.workload, load),
             seed: run.seed,
             load_s: (load_s * 100.0).round() / 100.0,
             window: Window::new(p.duration, p.warmup, (secs * 1000.0).round() / 1000.0, &m),
@@ -486,10 +356,6 @@ impl<W: PortableWorkload> Adapter for Portable<'_, W> {
     where
         Self: 'l;
 
-    fn kinds(&self) -> &'static [&'static str] {
-        &["txn"]
-    }
-
     fn prepare(&self, thread: usize, seed: u64) -> anyhow::Result<W::Worker> {
         Ok(self.w.worker(self.run, u16::try_from(thread)?, seed))
     }
@@ -557,67 +423,20 @@ impl<W: PortableWorkload> WorkerLoop for PortableLoop<'_, W> {
     }
 }
 
-/// The result table: one row per run, with the throughput ratio to shoal-2pl.
-pub fn render_table(p: &PortableParams, records: &[PortableRecord]) -> String {
-    let mut s = format!(
-        "{} through the portable path: warm-up {:.1} s, {:.1} s per run\n",
-        p.workload.name(),
-        p.warmup.as_secs_f64(),
-        p.duration.as_secs_f64()
-    );
-    let head = [
-        "engine",
-        "log",
-        "options",
-        "threads",
-        "tps",
-        "vs 2pl",
-        "commits",
-        "aborts",
-        "dl/to/cf",
-        "p50 µs",
-        "p99 µs",
-        "p99.9 µs",
-        "max µs",
-        "check",
-    ];
-    let mut rows: Vec<Vec<String>> = vec![head.iter().map(|h| h.to_string()).collect()];
-    for r in records {
-        let opts: Vec<String> = r.options.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        let a = &r.window.aborts;
-        rows.push(vec![
-            r.engine.clone(),
-            r.log.clone(),
-            opts.join(" "),
-            r.threads.to_string(),
-            format!("{:.0}", r.throughput),
-            r.vs_shoal_2pl.map_or("-".into(), |v| format!("{v:.2}")),
-            r.window.committed.to_string(),
-            a.aborted.to_string(),
-            format!(
-                "{}/{}/{}",
-                a.aborted_deadlock, a.aborted_lock_timeout, a.aborted_conflict
-            ),
-            format!("{:.1}", r.latency_us.p50),
-            format!("{:.1}", r.latency_us.p99),
-            format!("{:.1}", r.latency_us.p999),
-            format!("{:.1}", r.latency_us.max),
-            if r.check.starts_with("ok") {
-                "ok".into()
-            } else {
-                "FAILED".into()
-            },
-        ]);
-    }
-    // Engine, log and options left-aligned, the figures right-aligned.
-    report::push_aligned(&mut s, &rows, 3);
-    s.push_str("vs 2pl: throughput / shoal-2pl's with the same options; dl/to/cf: aborts by deadlock / lock timeout (SQLite: busy) / conflict\n");
-    s
-}
-
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+    use std::time::Duration;
+
+    /// A fresh unlogged shoal-2pl engine behind the engine-neutral interface, and the
+    /// directory it lives in.
+    pub fn shoal_engine() -> (tempfile::TempDir, Box<dyn KvEngine>) {
+        let dir = tempfile::tempdir().unwrap();
+        let db = EngineKind::Shoal2pl
+            .open(dir.path(), Durability::None)
+            .unwrap();
+        (dir, db)
+    }
 
     fn params(workload: WorkloadKind, engines: &[EngineKind]) -> PortableParams {
         PortableParams {
@@ -686,11 +505,8 @@ mod tests {
 
     #[test]
     fn the_tpcb_check_catches_a_lost_update() {
-        let dir = tempfile::tempdir().unwrap();
-        let db = EngineKind::Shoal2pl
-            .open(dir.path(), Durability::None)
-            .unwrap();
-        let w = tpcb::Tpcb::load(
+        let (_dir, db) = shoal_engine();
+        let w = Tpcb::<TableId>::load(
             db.as_ref(),
             &LoadCfg {
                 scale: 1,
@@ -699,14 +515,15 @@ mod tests {
             },
         )
         .unwrap();
-        assert!(w.check(db.as_ref(), [0, 0]).is_ok());
+        let none = Done::default();
+        assert!(w.check(db.as_ref(), &none).is_ok());
         // Account 5 changes without a history row: the check must notice.
         let account = crate::engines::TableId(2);
         let mut s = db.session().unwrap();
         let mut tx = s.begin(false).unwrap();
         tx.add(account, &5u64.to_be_bytes(), 10).unwrap();
         tx.commit().unwrap();
-        let err = w.check(db.as_ref(), [0, 0]).unwrap_err().to_string();
+        let err = w.check(db.as_ref(), &none).unwrap_err().to_string();
         assert!(err.contains("account 5"), "{err}");
     }
 

@@ -7,19 +7,20 @@
 //! its counter incremented. The check verifies every record's id, the record count and that
 //! the counters add up to the committed updates.
 //!
-//! The mixes and the scrambling of Zipfian draws are the shoal-native YCSB's
-//! (`src/workloads/ycsb.rs`: [`Mix`], [`fnv`]). That variant stays apart: it rewrites one field
-//! of a record, inserts (mixes d and e) through a shared id counter and scans (mix e), which
-//! the engine-neutral interface has no operation for.
+//! The mixes, the scrambling of Zipfian draws and the record header are the shoal-native
+//! YCSB's (`src/workloads/ycsb.rs`: [`Mix`], [`fnv`], [`header`]). That variant stays apart:
+//! it rewrites one field of a record, inserts (mixes d and e) through a shared id counter and
+//! scans (mix e), which the engine-neutral interface has no operation for.
 
 use anyhow::ensure;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use super::{LoadCfg, PortableWorkload, RunCfg};
+use super::{Done, LoadCfg, PortableWorkload, RunCfg};
 use crate::dist::Sampler;
 use crate::engines::{load_rows, KvEngine, KvTx, LoadValue, TableId, TxError, TxResult};
-use crate::workloads::ycsb::{fnv, Mix, Op};
+use crate::workloads::ops::scan_counted;
+use crate::workloads::ycsb::{fnv, header, Mix, Op};
 
 /// A loaded YCSB table.
 pub struct Ycsb {
@@ -42,12 +43,6 @@ fn record(id: u64, counter: u64, len: usize) -> Vec<u8> {
     v[..8].copy_from_slice(&id.to_le_bytes());
     v[8..16].copy_from_slice(&counter.to_le_bytes());
     v
-}
-
-fn fields(v: &[u8]) -> Option<(u64, u64)> {
-    let id = u64::from_le_bytes(v.get(..8)?.try_into().ok()?);
-    let c = u64::from_le_bytes(v.get(8..16)?.try_into().ok()?);
-    Some((id, c))
 }
 
 impl PortableWorkload for Ycsb {
@@ -109,7 +104,7 @@ impl PortableWorkload for Ycsb {
             return Ok(());
         }
         let v = tx.get_for_update(self.table, &key)?.ok_or_else(missing)?;
-        let (id, c) = fields(&v).ok_or_else(missing)?;
+        let (id, c) = header(&v).ok_or_else(missing)?;
         tx.put(self.table, &key, &record(id, c + 1, self.value_len))
     }
 
@@ -117,31 +112,29 @@ impl PortableWorkload for Ycsb {
         [u64::from(st.update), 0]
     }
 
-    fn check(&self, engine: &dyn KvEngine, tally: [u64; 2]) -> anyhow::Result<String> {
-        let rows = engine.scan_all(self.table)?;
-        ensure!(
-            rows.len() as u64 == self.records,
-            "{} records, loaded {}",
-            rows.len(),
-            self.records
-        );
+    fn check(&self, engine: &dyn KvEngine, done: &Done) -> anyhow::Result<String> {
         let mut updates = 0u64;
-        for (k, v) in &rows {
-            let kid = u64::from_be_bytes(
-                k.as_slice()
-                    .try_into()
-                    .map_err(|_| anyhow::anyhow!("bad key {k:?}"))?,
-            );
-            let (id, c) = fields(v).ok_or_else(|| anyhow::anyhow!("record {kid}: short value"))?;
-            ensure!(id == kid, "record {kid} holds id {id}");
-            ensure!(v.len() == self.value_len, "record {kid}: {} bytes", v.len());
-            updates += c;
-        }
+        scan_counted(
+            engine,
+            &self.table,
+            "usertable",
+            self.records,
+            &mut |k, v| {
+                let kid =
+                    u64::from_be_bytes(k.try_into().map_err(|_| anyhow::anyhow!("bad key {k:?}"))?);
+                let (id, c) =
+                    header(v).ok_or_else(|| anyhow::anyhow!("record {kid}: short value"))?;
+                ensure!(id == kid, "record {kid} holds id {id}");
+                ensure!(v.len() == self.value_len, "record {kid}: {} bytes", v.len());
+                updates += c;
+                Ok(())
+            },
+        )?;
         ensure!(
-            updates == tally[0],
+            updates == done.tally[0],
             "counters add up to {updates}, {} updates committed",
-            tally[0]
+            done.tally[0]
         );
-        Ok(format!("{} records, {updates} updates", rows.len()))
+        Ok(format!("{} records, {updates} updates", self.records))
     }
 }

@@ -75,10 +75,7 @@ impl Workload for Intents {
     ) -> anyhow::Result<Intents> {
         let tables = TABLES
             .iter()
-            .map(|n| {
-                db.create_table(n)
-                    .with_context(|| format!("creating table {n} (is the database empty?)"))
-            })
+            .map(|n| super::create_table(db, n))
             .collect::<anyhow::Result<_>>()?;
         Ok(Intents { tables })
     }

@@ -51,9 +51,7 @@ impl KeyRange {
     /// Creates table `counters` with `rows` counters at 0.
     pub fn load(db: &Database, rows: u64, progress: &ProgressBar) -> anyhow::Result<KeyRange> {
         ensure!(rows >= 2, "--rows must be at least 2");
-        let table = db
-            .create_table("counters")
-            .context("creating table counters (is the database empty?)")?;
+        let table = super::create_table(db, "counters")?;
         for lo in (0..rows).step_by(1000) {
             let hi = (lo + 1000).min(rows);
             db.run(|tx| {
@@ -128,20 +126,15 @@ impl Workload for KeyRange {
     fn committed(&self, _w: &mut KeyRangeWorker) {}
 
     fn check(&self, db: &Database, ledger: &Ledger) -> anyhow::Result<String> {
-        let rows = db
-            .run(|tx| tx.scan(&self.table, ..))
-            .context("scanning counters")?;
-        if rows.len() as u64 != self.rows {
-            bail!("{} counters, expected {}", rows.len(), self.rows);
-        }
         let mut sum: i64 = 0;
-        for (k, v) in &rows {
-            let v: [u8; 8] = v.as_slice().try_into().context("a counter value")?;
+        super::ops::scan_counted(db, &self.table, "counters", self.rows, &mut |k, v| {
+            let v: [u8; 8] = v.try_into().context("a counter value")?;
             if k.len() != 8 || k[7] % 2 == 1 {
                 bail!("unexpected key {k:02x?}");
             }
             sum += i64::from_le_bytes(v);
-        }
+            Ok(())
+        })?;
         if sum as u64 != ledger.total() {
             bail!(
                 "counters add up to {sum}, but {} transactions committed",

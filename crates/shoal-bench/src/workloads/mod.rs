@@ -17,7 +17,8 @@ pub mod tpcc;
 pub mod txbench;
 pub mod ycsb;
 
-use shoal::{Database, Transaction};
+use anyhow::Context;
+use shoal::{Database, Table, Transaction};
 
 use crate::config::RunConfig;
 
@@ -121,6 +122,46 @@ pub fn parallel_load<T: Sync>(
         }
         Ok(())
     })
+}
+
+/// Loads rows `0..n` in transactions of `chunk` ids spread over up to `threads` threads
+/// ([`parallel_load`]): `row(tx, id)` inserts what id `id` stands for and returns how many
+/// rows that was (for `progress`). `what` names the rows in errors.
+pub fn load_ids(
+    db: &Database,
+    n: u64,
+    chunk: u64,
+    threads: usize,
+    progress: &indicatif::ProgressBar,
+    what: &str,
+    row: impl Fn(&mut Transaction<'_>, u64) -> shoal::Result<u64> + Sync,
+) -> anyhow::Result<()> {
+    let starts: Vec<u64> = (0..n).step_by(usize::try_from(chunk.max(1))?).collect();
+    parallel_load(&starts, threads, progress, |&lo| {
+        let hi = (lo + chunk).min(n);
+        db.run(|tx| (lo..hi).try_fold(0, |rows, id| Ok(rows + row(tx, id)?)))
+            .with_context(|| format!("loading {what} {lo}..{hi}"))
+    })
+}
+
+/// Creates the table `name` in the database the harness opened empty for the workload.
+pub fn create_table(db: &Database, name: &str) -> anyhow::Result<Table> {
+    db.create_table(name)
+        .with_context(|| format!("creating table {name} (is the database empty?)"))
+}
+
+/// Ends a consistency check of `what` (`TPC-B`, ...): an error listing the first ten of the
+/// `bad` findings, if there are any.
+pub fn fail_if_bad(what: &str, mut bad: Vec<String>) -> anyhow::Result<()> {
+    if bad.is_empty() {
+        return Ok(());
+    }
+    let n = bad.len();
+    bad.truncate(10);
+    anyhow::bail!(
+        "{what} consistency check failed ({n} problems):\n  {}",
+        bad.join("\n  ")
+    )
 }
 
 /// How many transactions each worker thread committed in each run on one loaded database
@@ -240,13 +281,15 @@ pub(crate) mod testutil {
     }
 
     /// [`run_txns`] under Doppel's split phases: on a Doppel database, `hint` first names the
-    /// keys to split and the run starts once (within 2 s) a split phase has begun; returns the
-    /// ledger and, on a Doppel database, the runtime's counters afterwards.
+    /// keys to split and the run starts once (within 2 s) a split phase has begun, and the run
+    /// must have seen split phases with at least `min_split` keys split; returns the ledger
+    /// and, on a Doppel database, the runtime's counters afterwards.
     pub fn run_split<W: Workload>(
         w: &W,
         db: &Database,
         cfg: &RunConfig,
         n: u64,
+        min_split: usize,
         hint: impl FnOnce(&W),
     ) -> (Ledger, Option<shoal::DoppelStats>) {
         if db.doppel_stats().is_some() {
@@ -258,7 +301,12 @@ pub(crate) mod testutil {
                 std::thread::sleep(std::time::Duration::from_millis(1));
             }
         }
-        (run_txns(w, db, cfg, n), db.doppel_stats())
+        let ledger = run_txns(w, db, cfg, n);
+        let stats = db.doppel_stats();
+        if let Some(s) = &stats {
+            assert!(s.split_phases > 0 && s.max_split_keys >= min_split, "{s:?}");
+        }
+        (ledger, stats)
     }
 
     /// Runs `n` transactions on each of two threads, retrying retryable aborts; returns the

@@ -9,13 +9,13 @@
 //! drawn uniformly, or by `--zipf`/`--self-similar`. The consistency check: every teller
 //! exists, no balance is negative, and the balances sum to 5 × the commits.
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use indicatif::ProgressBar;
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
 use shoal::{Database, Table, Transaction};
 
-use super::{parallel_load, Ledger, Workload};
+use super::{Ledger, Workload};
 use crate::config::RunConfig;
 use crate::dist::{KeyDist, Sampler};
 
@@ -56,23 +56,20 @@ impl Workload for Tellers {
         if n < TELLERS_PER_TXN as u64 {
             bail!("tellers needs at least {TELLERS_PER_TXN} tellers (--records), got {n}");
         }
-        let teller = db
-            .create_table("teller")
-            .context("creating table teller (is the database empty?)")?;
-        let batches: Vec<(u64, u64)> = (0..n.div_ceil(LOAD_BATCH))
-            .map(|b| (b * LOAD_BATCH, ((b + 1) * LOAD_BATCH).min(n)))
-            .collect();
+        let teller = super::create_table(db, "teller")?;
         let zero = 0i64.to_le_bytes();
-        parallel_load(&batches, load_threads, progress, |&(lo, hi)| {
-            db.run(|tx| {
-                for id in lo..hi {
-                    tx.insert(&teller, key(id), zero)?;
-                }
-                Ok(())
-            })
-            .with_context(|| format!("loading tellers {lo}..{hi}"))?;
-            Ok(hi - lo)
-        })?;
+        super::load_ids(
+            db,
+            n,
+            LOAD_BATCH,
+            load_threads,
+            progress,
+            "tellers",
+            |tx, id| {
+                tx.insert(&teller, key(id), zero)?;
+                Ok(1)
+            },
+        )?;
         Ok(Tellers { teller, n })
     }
 
@@ -106,22 +103,17 @@ impl Workload for Tellers {
     fn committed(&self, _w: &mut TellersWorker) {}
 
     fn check(&self, db: &Database, ledger: &Ledger) -> anyhow::Result<String> {
-        let rows = db
-            .run(|tx| tx.scan(&self.teller, ..))
-            .context("scanning table teller")?;
-        if rows.len() as u64 != self.n {
-            bail!("teller has {} rows, expected {}", rows.len(), self.n);
-        }
         let mut sum: i128 = 0;
-        for (k, v) in &rows {
-            let bal = <[u8; 8]>::try_from(v.as_slice())
+        super::ops::scan_counted(db, &self.teller, "teller", self.n, &mut |k, v| {
+            let bal = <[u8; 8]>::try_from(v)
                 .map(i64::from_le_bytes)
                 .map_err(|_| anyhow::anyhow!("teller {k:?}: value of {} bytes", v.len()))?;
             if bal < 0 {
                 bail!("teller {k:?} has a negative balance {bal}");
             }
             sum += i128::from(bal);
-        }
+            Ok(())
+        })?;
         let want = i128::from(ledger.total()) * TELLERS_PER_TXN as i128;
         if sum != want {
             bail!(

@@ -28,15 +28,13 @@
 //! share a database never collide. History value (50 bytes): aid, tid, bid as u64 LE, delta as
 //! i64 LE, one byte of [update flags](FLAG_ACCOUNT), 17 bytes of filler.
 
-use std::ops::Bound;
-
 use anyhow::{bail, ensure, Context};
 use indicatif::ProgressBar;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use shoal::{Database, Table, Transaction};
 
-use super::ops::TxOps;
+use super::ops::{Scan, TxOps};
 use super::{parallel_load, Ledger, Workload};
 use crate::config::RunConfig;
 use crate::dist::{KeyDist, Sampler};
@@ -162,16 +160,15 @@ impl<T> Tables<T> {
     }
 }
 
-/// A loaded TPC-B database.
-///
-/// The shoal-native variant of `crate::portable::tpcb`, which runs the same transaction
-/// ([`Tables::execute`]) with the same inputs ([`draw`]) and history rows: this one adds what
-/// the engine-neutral interface cannot express or would slow down: a parallel load into
-/// several shoal transactions at once with a progress bar, the consistency check's scans in
-/// bounded shoal transactions, and the shoal-only options (`--read-ratio`,
-/// `--reverse-fraction`, `--zipf`/`--self-similar` tellers).
-pub struct Tpcb {
-    tables: Tables<Table>,
+/// A loaded TPC-B database, by the table handle of the path that runs it: a shoal [`Table`]
+/// (the shoal-native path, [`Workload`] below) or an engine-neutral `TableId` (the portable
+/// path, `crate::portable::tpcb`). Both run the same transaction ([`Tables::execute`]) on the
+/// same inputs ([`draw`]), write the same history rows and run the same check
+/// ([`Tables::check`]); the shoal-native one adds a parallel load with a progress bar and the
+/// shoal-only options (`--read-ratio`, `--reverse-fraction`, `--zipf`/`--self-similar`
+/// tellers).
+pub struct Tpcb<T = Table> {
+    tables: Tables<T>,
     branches: u64,
 }
 
@@ -189,12 +186,83 @@ pub struct TpcbWorker {
     cur: HistoryRow,
 }
 
-impl Tpcb {
-    /// Rows [`load`](Self::load) inserts at scale `branches`.
-    pub fn rows(branches: u64) -> u64 {
-        branches * (1 + TELLERS_PER_BRANCH + ACCOUNTS_PER_BRANCH)
+/// Rows a TPC-B load inserts at scale `branches`.
+pub fn rows(branches: u64) -> u64 {
+    branches * (1 + TELLERS_PER_BRANCH + ACCOUNTS_PER_BRANCH)
+}
+
+impl<T> Tpcb<T> {
+    /// The workload over the loaded `tables` of `branches` branches.
+    pub fn new(tables: Tables<T>, branches: u64) -> Tpcb<T> {
+        Tpcb { tables, branches }
     }
 
+    /// The tables.
+    pub fn tables(&self) -> &Tables<T> {
+        &self.tables
+    }
+
+    /// Branches (the scale).
+    pub fn branches(&self) -> u64 {
+        self.branches
+    }
+
+    fn tellers(&self) -> u64 {
+        self.branches * TELLERS_PER_BRANCH
+    }
+
+    fn accounts(&self) -> u64 {
+        self.branches * ACCOUNTS_PER_BRANCH
+    }
+
+    /// The state of worker `thread` (seed `seed`) in the `run`-th run on this database: each
+    /// balance update a read with probability `read_ratio`, the rows in reverse order with
+    /// probability `reverse_fraction`, tellers drawn from `tellers`.
+    pub fn new_worker(
+        &self,
+        run: u16,
+        thread: u16,
+        seed: u64,
+        read_ratio: f64,
+        reverse_fraction: f64,
+        tellers: KeyDist,
+    ) -> TpcbWorker {
+        TpcbWorker {
+            rng: SmallRng::seed_from_u64(seed),
+            thread,
+            // The run number in the top 16 bits: runs sharing a database never collide.
+            seq: u64::from(run) << 48,
+            read_ratio,
+            reverse_fraction,
+            reversed: false,
+            tellers: tellers.over(self.tellers()),
+            cur: HistoryRow::default(),
+        }
+    }
+
+    /// Draws the worker's next transaction.
+    pub fn draw_next(&self, w: &mut TpcbWorker) {
+        w.cur = draw(self.branches, &w.tellers, &mut w.rng, w.read_ratio);
+        w.reversed = w.reverse_fraction > 0.0 && w.rng.gen_bool(w.reverse_fraction);
+    }
+
+    /// Runs the worker's current transaction in `tx` (not the commit).
+    pub fn run_txn<O: TxOps<Table = T> + ?Sized>(
+        &self,
+        w: &TpcbWorker,
+        tx: &mut O,
+    ) -> Result<(), O::Error> {
+        let key = history_key(w.thread, w.seq);
+        self.tables.execute(tx, &w.cur, w.reversed, &key)
+    }
+
+    /// The worker's current transaction committed.
+    pub fn note_commit(&self, w: &mut TpcbWorker) {
+        w.seq += 1;
+    }
+}
+
+impl Tpcb {
     /// Creates the four tables in `db` and loads `branches` branches with their tellers and
     /// accounts (balances 0), in batches of 5,000 rows per transaction spread over
     /// `load_threads` threads. Advances `progress` by the rows loaded.
@@ -205,10 +273,7 @@ impl Tpcb {
         progress: &ProgressBar,
     ) -> anyhow::Result<Tpcb> {
         ensure!(branches >= 1, "scale must be at least 1");
-        let create = |name: &str| {
-            db.create_table(name)
-                .with_context(|| format!("creating table {name} (is the database empty?)"))
-        };
+        let create = |name: &str| super::create_table(db, name);
         let t = Tpcb {
             tables: Tables {
                 branch: create("branch")?,
@@ -245,14 +310,6 @@ impl Tpcb {
         })?;
         Ok(t)
     }
-
-    fn tellers(&self) -> u64 {
-        self.branches * TELLERS_PER_BRANCH
-    }
-
-    fn accounts(&self) -> u64 {
-        self.branches * ACCOUNTS_PER_BRANCH
-    }
 }
 
 /// Draws a transaction's inputs at scale `branches`: the teller from `tellers` (uniform by
@@ -288,35 +345,6 @@ pub fn draw(branches: u64, tellers: &Sampler, rng: &mut SmallRng, read_ratio: f6
     }
 }
 
-/// Scans all of `table` in transactions of at most about [`CHECK_CHUNK`] rows: the intervals
-/// `(.., b0)`, `[b0, b1)`, …, `[bn, ..)` between the ascending `bounds`, which together cover
-/// every key. The database must be quiescent.
-fn scan_chunked(
-    db: &Database,
-    table: &Table,
-    bounds: &[Vec<u8>],
-    mut f: impl FnMut(&[u8], &[u8]) -> anyhow::Result<()>,
-) -> anyhow::Result<()> {
-    for i in 0..=bounds.len() {
-        let lo = if i == 0 {
-            Bound::Unbounded
-        } else {
-            Bound::Included(bounds[i - 1].as_slice())
-        };
-        let hi = match bounds.get(i) {
-            Some(b) => Bound::Excluded(b.as_slice()),
-            None => Bound::Unbounded,
-        };
-        let rows = db
-            .run(|tx| tx.scan(table, (lo, hi)))
-            .with_context(|| format!("scanning table {}", table.name()))?;
-        for (k, v) in &rows {
-            f(k, v)?;
-        }
-    }
-    Ok(())
-}
-
 /// Chunk bounds for a balance table of `n` rows.
 fn id_bounds(n: u64) -> Vec<Vec<u8>> {
     (1..n.div_ceil(CHECK_CHUNK))
@@ -340,28 +368,29 @@ fn history_bounds(ledger: &Ledger) -> Vec<Vec<u8>> {
 }
 
 /// Checks one balance table against the balances the history implies.
-fn check_balances(
-    db: &Database,
-    table: &Table,
+fn check_balances<S: Scan + ?Sized>(
+    store: &S,
+    table: &S::Table,
+    name: &str,
     expected: &[i64],
 ) -> anyhow::Result<(i128, Vec<String>)> {
     let mut seen = 0u64;
     let mut sum: i128 = 0;
     let mut bad = Vec::new();
-    scan_chunked(db, table, &id_bounds(expected.len() as u64), |k, v| {
+    let bounds = id_bounds(expected.len() as u64);
+    store.scan_rows(table, name, &bounds, &mut |k, v| {
         let id = <[u8; 8]>::try_from(k)
             .map(u64::from_be_bytes)
-            .map_err(|_| anyhow::anyhow!("{}: key of {} bytes", table.name(), k.len()))?;
+            .map_err(|_| anyhow::anyhow!("{name}: key of {} bytes", k.len()))?;
         let bal = <[u8; 8]>::try_from(v)
             .map(i64::from_le_bytes)
-            .map_err(|_| anyhow::anyhow!("{} {id}: value of {} bytes", table.name(), v.len()))?;
+            .map_err(|_| anyhow::anyhow!("{name} {id}: value of {} bytes", v.len()))?;
         seen += 1;
         sum += i128::from(bal);
-        match expected.get(id as usize) {
-            None => bad.push(format!("{} {id} should not exist", table.name())),
+        match usize::try_from(id).ok().and_then(|i| expected.get(i)) {
+            None => bad.push(format!("{name} {id} should not exist")),
             Some(&e) if e != bal => bad.push(format!(
-                "{} {id} has balance {bal}, its history says {e}",
-                table.name()
+                "{name} {id} has balance {bal}, its history says {e}"
             )),
             _ => {}
         }
@@ -369,78 +398,42 @@ fn check_balances(
     })?;
     if seen != expected.len() as u64 {
         bad.push(format!(
-            "{} has {seen} rows, expected {}",
-            table.name(),
+            "{name} has {seen} rows, expected {}",
             expected.len()
         ));
     }
     Ok((sum, bad))
 }
 
-impl Workload for Tpcb {
-    type Worker = TpcbWorker;
-
-    fn rows(cfg: &RunConfig) -> u64 {
-        Tpcb::rows(cfg.scale)
-    }
-
-    fn load(
-        db: &Database,
-        cfg: &RunConfig,
-        load_threads: usize,
-        progress: &ProgressBar,
-    ) -> anyhow::Result<Tpcb> {
-        Tpcb::load(db, cfg.scale, load_threads, progress)
-    }
-
-    fn worker(&self, cfg: &RunConfig, run: u16, thread: u16, seed: u64) -> TpcbWorker {
-        TpcbWorker {
-            rng: SmallRng::seed_from_u64(seed),
-            thread,
-            seq: u64::from(run) << 48,
-            read_ratio: cfg.read_ratio,
-            reverse_fraction: match cfg.point.get("reverse-fraction") {
-                Some(crate::sweep::Value::Float(f)) => *f,
-                _ => 0.0,
-            },
-            reversed: false,
-            tellers: cfg.dist.unwrap_or(KeyDist::Uniform).over(self.tellers()),
-            cur: HistoryRow::default(),
-        }
-    }
-
-    fn next(&self, w: &mut TpcbWorker) {
-        w.cur = draw(self.branches, &w.tellers, &mut w.rng, w.read_ratio);
-        w.reversed = w.reverse_fraction > 0.0 && w.rng.gen_bool(w.reverse_fraction);
-    }
-
-    fn execute(&self, w: &TpcbWorker, tx: &mut Transaction<'_>) -> shoal::Result<()> {
-        let key = history_key(w.thread, w.seq);
-        self.tables.execute(tx, &w.cur, w.reversed, &key)
-    }
-
-    fn committed(&self, w: &mut TpcbWorker) {
-        w.seq += 1;
-    }
-
-    /// Checks, on the quiescent database: history rows = committed transactions; every
-    /// branch, teller and account balance equals the sum of the deltas of the history rows
-    /// that updated it; and so (with read ratio 0) sum(branch) = sum(teller) = sum(account) =
-    /// sum(history deltas).
-    fn check(&self, db: &Database, ledger: &Ledger) -> anyhow::Result<String> {
-        let mut exp_b = vec![0i64; self.branches as usize];
-        let mut exp_t = vec![0i64; self.tellers() as usize];
-        let mut exp_a = vec![0i64; self.accounts() as usize];
+impl<T> Tables<T> {
+    /// The TPC-B consistency check, the one both paths run on a quiescent database of
+    /// `branches` branches: history rows = `ledger`'s commits; every branch, teller and
+    /// account balance equals the sum of the deltas of the history rows that updated it; and
+    /// so (with read ratio 0) sum(branch) = sum(teller) = sum(account) = sum(history deltas).
+    pub fn check<S: Scan<Table = T> + ?Sized>(
+        &self,
+        store: &S,
+        branches: u64,
+        ledger: &Ledger,
+    ) -> anyhow::Result<String> {
+        let (tellers, accounts) = (
+            branches * TELLERS_PER_BRANCH,
+            branches * ACCOUNTS_PER_BRANCH,
+        );
+        let mut exp_b = vec![0i64; usize::try_from(branches)?];
+        let mut exp_t = vec![0i64; usize::try_from(tellers)?];
+        let mut exp_a = vec![0i64; usize::try_from(accounts)?];
         let mut rows = 0u64;
         let mut delta_sum: i128 = 0;
         let mut reads = 0u64;
-        scan_chunked(db, &self.tables.history, &history_bounds(ledger), |k, v| {
+        let bounds = history_bounds(ledger);
+        store.scan_rows(&self.history, "history", &bounds, &mut |k, v| {
             let h = HistoryRow::decode(v)
                 .with_context(|| format!("history row {k:02x?} has {} bytes", v.len()))?;
             if k.len() != 10
                 || h.bid != h.tid / TELLERS_PER_BRANCH
-                || h.tid >= self.tellers()
-                || h.aid >= self.accounts()
+                || h.tid >= tellers
+                || h.aid >= accounts
                 || h.flags & !FLAG_ALL != 0
             {
                 bail!("malformed history row {k:02x?}: {h:?}");
@@ -467,9 +460,9 @@ impl Workload for Tpcb {
                 ledger.total()
             ));
         }
-        let (sb, b1) = check_balances(db, &self.tables.branch, &exp_b)?;
-        let (st, b2) = check_balances(db, &self.tables.teller, &exp_t)?;
-        let (sa, b3) = check_balances(db, &self.tables.account, &exp_a)?;
+        let (sb, b1) = check_balances(store, &self.branch, "branch", &exp_b)?;
+        let (st, b2) = check_balances(store, &self.teller, "teller", &exp_t)?;
+        let (sa, b3) = check_balances(store, &self.account, "account", &exp_a)?;
         if reads == 0 && !(sb == st && st == sa && sa == delta_sum) {
             bad.push(format!(
                 "sum(branch) = {sb}, sum(teller) = {st}, sum(account) = {sa}, \
@@ -479,14 +472,7 @@ impl Workload for Tpcb {
         for b in [b1, b2, b3] {
             bad.extend(b);
         }
-        if !bad.is_empty() {
-            let n = bad.len();
-            bad.truncate(10);
-            bail!(
-                "TPC-B consistency check failed ({n} problems):\n  {}",
-                bad.join("\n  ")
-            );
-        }
+        super::fail_if_bad("TPC-B", bad)?;
         Ok(if reads == 0 {
             format!(
                 "sum(branch) = sum(teller) = sum(account) = sum(history delta) = {sb}; \
@@ -498,6 +484,49 @@ impl Workload for Tpcb {
                  history rows = commits = {rows}"
             )
         })
+    }
+}
+
+impl Workload for Tpcb {
+    type Worker = TpcbWorker;
+
+    fn rows(cfg: &RunConfig) -> u64 {
+        rows(cfg.scale)
+    }
+
+    fn load(
+        db: &Database,
+        cfg: &RunConfig,
+        load_threads: usize,
+        progress: &ProgressBar,
+    ) -> anyhow::Result<Tpcb> {
+        Tpcb::load(db, cfg.scale, load_threads, progress)
+    }
+
+    fn worker(&self, cfg: &RunConfig, run: u16, thread: u16, seed: u64) -> TpcbWorker {
+        let reverse_fraction = match cfg.point.get("reverse-fraction") {
+            Some(crate::sweep::Value::Float(f)) => *f,
+            _ => 0.0,
+        };
+        let tellers = cfg.dist.unwrap_or(KeyDist::Uniform);
+        self.new_worker(run, thread, seed, cfg.read_ratio, reverse_fraction, tellers)
+    }
+
+    fn next(&self, w: &mut TpcbWorker) {
+        self.draw_next(w);
+    }
+
+    fn execute(&self, w: &TpcbWorker, tx: &mut Transaction<'_>) -> shoal::Result<()> {
+        self.run_txn(w, tx)
+    }
+
+    fn committed(&self, w: &mut TpcbWorker) {
+        self.note_commit(w);
+    }
+
+    /// [`Tables::check`]: both paths' TPC-B check, here in bounded shoal transactions.
+    fn check(&self, db: &Database, ledger: &Ledger) -> anyhow::Result<String> {
+        self.tables.check(db, self.branches, ledger)
     }
 }
 

@@ -30,7 +30,7 @@
 use std::ops::Bound;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
-use anyhow::{bail, ensure, Context};
+use anyhow::{ensure, Context};
 use indicatif::ProgressBar;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -271,10 +271,7 @@ impl Workload for Txbench {
         progress: &ProgressBar,
     ) -> anyhow::Result<Txbench> {
         let rows = TxbenchParams::of(cfg).rows;
-        let create = |name: &str| {
-            db.create_table(name)
-                .with_context(|| format!("creating table {name} (is the database empty?)"))
-        };
+        let create = |name: &str| super::create_table(db, name);
         let tables = [
             create("txbench1")?,
             create("txbench2")?,
@@ -440,14 +437,7 @@ impl Workload for Txbench {
             }
             sums.push(sum);
         }
-        if !bad.is_empty() {
-            let n = bad.len();
-            bad.truncate(10);
-            bail!(
-                "txbench consistency check failed ({n} problems):\n  {}",
-                bad.join("\n  ")
-            );
-        }
+        super::fail_if_bad("txbench", bad)?;
         ensure!(
             self.update_txns.load(Ordering::Relaxed) <= ledger.total(),
             "more read-update commits than commits"

@@ -120,6 +120,14 @@ pub fn key(id: u64) -> [u8; 8] {
     id.to_be_bytes()
 }
 
+/// A record's header: its id and update counter (u64 little-endian each), as both paths
+/// write it (the portable YCSB's records too).
+pub fn header(v: &[u8]) -> Option<(u64, u64)> {
+    let id = u64::from_le_bytes(v.get(..8)?.try_into().ok()?);
+    let counter = u64::from_le_bytes(v.get(8..HEADER)?.try_into().ok()?);
+    Some((id, counter))
+}
+
 /// Per-worker counts, on their own cache line.
 #[repr(align(128))]
 #[derive(Default)]
@@ -176,9 +184,7 @@ impl Ycsb {
         progress: &ProgressBar,
     ) -> anyhow::Result<Ycsb> {
         ensure!(records >= 1, "--records must be at least 1");
-        let table = db
-            .create_table("usertable")
-            .context("creating usertable (is the database empty?)")?;
+        let table = super::create_table(db, "usertable")?;
         let y = Ycsb {
             table,
             records,
@@ -369,11 +375,11 @@ impl Workload for Ycsb {
                         self.value_len()
                     );
                 }
-                let own = u64::from_le_bytes(v[..8].try_into()?);
+                let (own, counter) = header(v).context("a record's header")?;
                 if own != id {
                     bail!("record {id} carries id {own}");
                 }
-                counter_sum += u64::from_le_bytes(v[8..16].try_into()?);
+                counter_sum += counter;
                 rows += 1;
             }
             lo = hi;

@@ -102,14 +102,7 @@ impl Tpcc {
                 ));
             }
         }
-        if !bad.is_empty() {
-            let n = bad.len();
-            bad.truncate(10);
-            bail!(
-                "TPC-C consistency check failed ({n} problems):\n  {}",
-                bad.join("\n  ")
-            );
-        }
+        crate::workloads::fail_if_bad("TPC-C", bad)?;
         Ok(format!(
             "conditions 1-4 hold: {} warehouses, {orders_n} orders, {new_n} new orders, \
              {lines_n} order lines",

@@ -17,10 +17,7 @@ impl Tpcc {
             scale.new_orders <= scale.orders && scale.orders <= scale.customers,
             "bad scale {scale:?}"
         );
-        let create = |name: &str| {
-            db.create_table(name)
-                .with_context(|| format!("creating table {name} (is the database empty?)"))
-        };
+        let create = |name: &str| crate::workloads::create_table(db, name);
         let t = Tpcc {
             warehouse: create("warehouse")?,
             district: create("district")?,

@@ -385,286 +385,166 @@ impl<'a> Dec<'a> {
     }
 }
 
+/// A field of a row: how [`Enc`] writes it and [`Dec`] reads it back.
+trait Field: Sized {
+    fn put(&self, e: Enc) -> Enc;
+    fn get(d: &mut Dec<'_>) -> Self;
+}
+
+/// [`Field`] for the integers, each through the [`Enc`] and [`Dec`] method of its name.
+macro_rules! int_fields {
+    ($($t:ident),*) => {$(
+        impl Field for $t {
+            fn put(&self, e: Enc) -> Enc {
+                e.$t(*self)
+            }
+            fn get(d: &mut Dec<'_>) -> $t {
+                d.$t()
+            }
+        }
+    )*};
+}
+
+int_fields!(u8, u32, u64, i64);
+
+impl Field for Vec<u8> {
+    fn put(&self, e: Enc) -> Enc {
+        e.s(self)
+    }
+    fn get(d: &mut Dec<'_>) -> Vec<u8> {
+        d.s()
+    }
+}
+
+/// The row types of the TPC-C tables, each with its value encoding: `encode` writes the
+/// fields in their order ([`Field`]), `decode` reads them back (`None` unless the value is
+/// exactly one row).
+macro_rules! rows {
+    ($($(#[$m:meta])* struct $name:ident { $($(#[$fm:meta])* $f:ident: $t:ty,)* })*) => {$(
+        $(#[$m])*
+        struct $name {
+            $($(#[$fm])* $f: $t,)*
+        }
+
+        impl $name {
+            fn encode(&self) -> Vec<u8> {
+                let e = Enc::default();
+                $(let e = self.$f.put(e);)*
+                e.0
+            }
+
+            #[allow(dead_code)] // history rows are only written
+            fn decode(v: &[u8]) -> Option<$name> {
+                let mut d = Dec::new(v);
+                let row = $name {
+                    $($f: Field::get(&mut d),)*
+                };
+                d.done().then_some(row)
+            }
+        }
+    )*};
+}
+
 fn malformed(what: &str) -> shoal::Error {
     shoal::Error::Unsupported(format!("tpcc: malformed or missing {what} row"))
 }
 
-/// Warehouse or district row (static part): name, address, tax.
-#[derive(Clone, Debug, PartialEq)]
-struct Place {
-    name: Vec<u8>,
-    street1: Vec<u8>,
-    street2: Vec<u8>,
-    city: Vec<u8>,
-    state: Vec<u8>,
-    zip: Vec<u8>,
-    /// Tax rate in 1/10,000.
-    tax: u32,
-}
-
-impl Place {
-    fn encode(&self) -> Vec<u8> {
-        Enc::default()
-            .s(&self.name)
-            .s(&self.street1)
-            .s(&self.street2)
-            .s(&self.city)
-            .s(&self.state)
-            .s(&self.zip)
-            .u32(self.tax)
-            .0
+rows! {
+    /// Warehouse or district row (static part): name, address, tax.
+    #[derive(Clone, Debug, PartialEq)]
+    struct Place {
+        name: Vec<u8>,
+        street1: Vec<u8>,
+        street2: Vec<u8>,
+        city: Vec<u8>,
+        state: Vec<u8>,
+        zip: Vec<u8>,
+        /// Tax rate in 1/10,000.
+        tax: u32,
     }
-    fn decode(v: &[u8]) -> Option<Place> {
-        let mut d = Dec::new(v);
-        let p = Place {
-            name: d.s(),
-            street1: d.s(),
-            street2: d.s(),
-            city: d.s(),
-            state: d.s(),
-            zip: d.s(),
-            tax: d.u32(),
-        };
-        d.done().then_some(p)
-    }
-}
 
-#[derive(Clone, Debug, PartialEq)]
-struct Customer {
-    first: Vec<u8>,
-    middle: Vec<u8>,
-    last: Vec<u8>,
-    street1: Vec<u8>,
-    street2: Vec<u8>,
-    city: Vec<u8>,
-    state: Vec<u8>,
-    zip: Vec<u8>,
-    phone: Vec<u8>,
-    since: u64,
-    credit: Vec<u8>,
-    credit_lim: i64,
-    /// Discount in 1/10,000.
-    discount: u32,
-    balance: i64,
-    ytd_payment: i64,
-    payment_cnt: u32,
-    delivery_cnt: u32,
-    data: Vec<u8>,
-}
-
-impl Customer {
-    fn encode(&self) -> Vec<u8> {
-        Enc::default()
-            .s(&self.first)
-            .s(&self.middle)
-            .s(&self.last)
-            .s(&self.street1)
-            .s(&self.street2)
-            .s(&self.city)
-            .s(&self.state)
-            .s(&self.zip)
-            .s(&self.phone)
-            .u64(self.since)
-            .s(&self.credit)
-            .i64(self.credit_lim)
-            .u32(self.discount)
-            .i64(self.balance)
-            .i64(self.ytd_payment)
-            .u32(self.payment_cnt)
-            .u32(self.delivery_cnt)
-            .s(&self.data)
-            .0
+    #[derive(Clone, Debug, PartialEq)]
+    struct Customer {
+        first: Vec<u8>,
+        middle: Vec<u8>,
+        last: Vec<u8>,
+        street1: Vec<u8>,
+        street2: Vec<u8>,
+        city: Vec<u8>,
+        state: Vec<u8>,
+        zip: Vec<u8>,
+        phone: Vec<u8>,
+        since: u64,
+        credit: Vec<u8>,
+        credit_lim: i64,
+        /// Discount in 1/10,000.
+        discount: u32,
+        balance: i64,
+        ytd_payment: i64,
+        payment_cnt: u32,
+        delivery_cnt: u32,
+        data: Vec<u8>,
     }
-    fn decode(v: &[u8]) -> Option<Customer> {
-        let mut d = Dec::new(v);
-        let c = Customer {
-            first: d.s(),
-            middle: d.s(),
-            last: d.s(),
-            street1: d.s(),
-            street2: d.s(),
-            city: d.s(),
-            state: d.s(),
-            zip: d.s(),
-            phone: d.s(),
-            since: d.u64(),
-            credit: d.s(),
-            credit_lim: d.i64(),
-            discount: d.u32(),
-            balance: d.i64(),
-            ytd_payment: d.i64(),
-            payment_cnt: d.u32(),
-            delivery_cnt: d.u32(),
-            data: d.s(),
-        };
-        d.done().then_some(c)
-    }
-}
 
-#[derive(Clone, Copy, Debug, PartialEq)]
-struct Order {
-    c_id: u32,
-    entry_d: u64,
-    /// 0 = null.
-    carrier_id: u8,
-    ol_cnt: u8,
-    all_local: u8,
-}
-
-impl Order {
-    fn encode(&self) -> Vec<u8> {
-        Enc::default()
-            .u32(self.c_id)
-            .u64(self.entry_d)
-            .u8(self.carrier_id)
-            .u8(self.ol_cnt)
-            .u8(self.all_local)
-            .0
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    struct Order {
+        c_id: u32,
+        entry_d: u64,
+        /// 0 = null.
+        carrier_id: u8,
+        ol_cnt: u8,
+        all_local: u8,
     }
-    fn decode(v: &[u8]) -> Option<Order> {
-        let mut d = Dec::new(v);
-        let o = Order {
-            c_id: d.u32(),
-            entry_d: d.u64(),
-            carrier_id: d.u8(),
-            ol_cnt: d.u8(),
-            all_local: d.u8(),
-        };
-        d.done().then_some(o)
-    }
-}
 
-#[derive(Clone, Debug, PartialEq)]
-struct OrderLine {
-    i_id: u32,
-    supply_w: u32,
-    /// 0 = null.
-    delivery_d: u64,
-    quantity: u8,
-    amount: i64,
-    dist_info: Vec<u8>,
-}
-
-impl OrderLine {
-    fn encode(&self) -> Vec<u8> {
-        Enc::default()
-            .u32(self.i_id)
-            .u32(self.supply_w)
-            .u64(self.delivery_d)
-            .u8(self.quantity)
-            .i64(self.amount)
-            .s(&self.dist_info)
-            .0
+    #[derive(Clone, Debug, PartialEq)]
+    struct OrderLine {
+        i_id: u32,
+        supply_w: u32,
+        /// 0 = null.
+        delivery_d: u64,
+        quantity: u8,
+        amount: i64,
+        dist_info: Vec<u8>,
     }
-    fn decode(v: &[u8]) -> Option<OrderLine> {
-        let mut d = Dec::new(v);
-        let l = OrderLine {
-            i_id: d.u32(),
-            supply_w: d.u32(),
-            delivery_d: d.u64(),
-            quantity: d.u8(),
-            amount: d.i64(),
-            dist_info: d.s(),
-        };
-        d.done().then_some(l)
-    }
-}
 
-#[derive(Clone, Debug, PartialEq)]
-struct Item {
-    im_id: u32,
-    price: i64,
-    name: Vec<u8>,
-    data: Vec<u8>,
-}
-
-impl Item {
-    fn encode(&self) -> Vec<u8> {
-        Enc::default()
-            .u32(self.im_id)
-            .i64(self.price)
-            .s(&self.name)
-            .s(&self.data)
-            .0
+    #[derive(Clone, Debug, PartialEq)]
+    struct Item {
+        im_id: u32,
+        price: i64,
+        name: Vec<u8>,
+        data: Vec<u8>,
     }
-    fn decode(v: &[u8]) -> Option<Item> {
-        let mut d = Dec::new(v);
-        let i = Item {
-            im_id: d.u32(),
-            price: d.i64(),
-            name: d.s(),
-            data: d.s(),
-        };
-        d.done().then_some(i)
+
+    #[derive(Clone, Debug, PartialEq)]
+    struct Stock {
+        quantity: u32,
+        ytd: u64,
+        order_cnt: u32,
+        remote_cnt: u32,
+        /// `S_DIST_01` .. `S_DIST_10`, 24 bytes each.
+        dist: Vec<u8>,
+        data: Vec<u8>,
+    }
+
+    #[derive(Clone, Debug, PartialEq)]
+    struct History {
+        c_id: u32,
+        c_d: u8,
+        c_w: u32,
+        d: u8,
+        w: u32,
+        date: u64,
+        amount: i64,
+        data: Vec<u8>,
     }
 }
 
 const DIST_LEN: usize = 24;
 
-#[derive(Clone, Debug, PartialEq)]
-struct Stock {
-    quantity: u32,
-    ytd: u64,
-    order_cnt: u32,
-    remote_cnt: u32,
-    /// `S_DIST_01` .. `S_DIST_10`, 24 bytes each.
-    dist: Vec<u8>,
-    data: Vec<u8>,
-}
-
 impl Stock {
-    fn encode(&self) -> Vec<u8> {
-        Enc::default()
-            .u32(self.quantity)
-            .u64(self.ytd)
-            .u32(self.order_cnt)
-            .u32(self.remote_cnt)
-            .s(&self.dist)
-            .s(&self.data)
-            .0
-    }
-    fn decode(v: &[u8]) -> Option<Stock> {
-        let mut d = Dec::new(v);
-        let s = Stock {
-            quantity: d.u32(),
-            ytd: d.u64(),
-            order_cnt: d.u32(),
-            remote_cnt: d.u32(),
-            dist: d.s(),
-            data: d.s(),
-        };
-        d.done().then_some(s)
-    }
     fn dist_info(&self, d: u8) -> &[u8] {
         let i = usize::from(d.saturating_sub(1) % 10) * DIST_LEN;
         self.dist.get(i..i + DIST_LEN).unwrap_or(&[])
-    }
-}
-
-#[derive(Clone, Debug, PartialEq)]
-struct History {
-    c_id: u32,
-    c_d: u8,
-    c_w: u32,
-    d: u8,
-    w: u32,
-    date: u64,
-    amount: i64,
-    data: Vec<u8>,
-}
-
-impl History {
-    fn encode(&self) -> Vec<u8> {
-        Enc::default()
-            .u32(self.c_id)
-            .u8(self.c_d)
-            .u32(self.c_w)
-            .u8(self.d)
-            .u32(self.w)
-            .u64(self.date)
-            .i64(self.amount)
-            .s(&self.data)
-            .0
     }
 }
 
@@ -1058,6 +938,30 @@ mod tests {
             (lo, hi),
             (Bound::Included(vec![1, 0xff]), Bound::Excluded(vec![2]))
         );
+    }
+
+    #[test]
+    fn rows_encode_their_fields_in_order_little_endian() {
+        let o = Order {
+            c_id: 1,
+            entry_d: 2,
+            carrier_id: 3,
+            ol_cnt: 4,
+            all_local: 5,
+        };
+        assert_eq!(o.encode(), [1, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 3, 4, 5]);
+        let i = Item {
+            im_id: 7,
+            price: -1,
+            name: b"ab".to_vec(),
+            data: Vec::new(),
+        };
+        let mut want = vec![7, 0, 0, 0];
+        want.extend([0xff; 8]);
+        want.extend([2, 0, b'a', b'b', 0, 0]);
+        assert_eq!(i.encode(), want);
+        assert_eq!(Item::decode(&want), Some(i));
+        assert_eq!(Item::decode(&want[..want.len() - 1]), None);
     }
 
     #[test]

@@ -1,7 +1,11 @@
-//! Results: one [`Record`] per run, printed as a table and written as JSON.
+//! Results: one [`Record`] per run, printed as a table and written as JSON; the portable
+//! path's ([`portable`]) share their parts ([`Window`], [`Aborts`], [`Latency`]), the JSON
+//! writer and the table layout.
 //!
 //! `--json FILE` writes a single JSON **array** with one object per run, in run order. The file
 //! is rewritten after every run, so it holds the finished runs even if a later one fails.
+
+pub mod portable;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -34,6 +38,14 @@ pub struct Latency {
 }
 
 impl Latency {
+    /// The column names of [`cells`](Self::cells).
+    pub const HEADER: [&'static str; 4] = ["p50 µs", "p99 µs", "p99.9 µs", "max µs"];
+
+    /// The median, p99, p99.9 and largest latency as table cells.
+    pub fn cells(&self) -> [String; 4] {
+        [self.p50, self.p99, self.p999, self.max].map(|v| format!("{v:.1}"))
+    }
+
     /// Percentiles of a histogram of nanoseconds, in microseconds.
     pub fn from_ns(h: &Histogram<u64>) -> Latency {
         if h.is_empty() {
@@ -393,40 +405,25 @@ pub fn render_table(params: &Params, sweep: &Sweep, records: &[Record]) -> Strin
         params.warmup.as_secs_f64(),
         params.duration.as_secs_f64(),
     );
-    let mut header: Vec<String> = cols.iter().map(|c| c.to_string()).collect();
-    header.extend(
-        ["tps", "commits"]
-            .into_iter()
-            .chain(Aborts::HEADER)
-            .chain([
-                "stashed",
-                "p50 µs",
-                "p99 µs",
-                "p99.9 µs",
-                "max µs",
-                "rss MiB",
-                "check",
-            ])
-            .map(String::from),
-    );
-    let mut rows = vec![header];
+    let after: Vec<&str> = ["stashed"]
+        .into_iter()
+        .chain(Latency::HEADER)
+        .chain(["rss MiB", "check"])
+        .collect();
+    let mut rows = vec![header(&cols, &["tps", "commits"], &after)];
     for r in records {
         let mut row = option_cells(&cols, r);
-        let l = &r.latency_us;
         row.extend([
             format!("{:.0}", r.throughput),
             r.window.committed.to_string(),
         ]);
         row.extend(r.window.aborts.cells());
+        row.push(r.stashed.to_string());
+        row.extend(r.latency_us.cells());
         row.extend([
-            r.stashed.to_string(),
-            format!("{:.1}", l.p50),
-            format!("{:.1}", l.p99),
-            format!("{:.1}", l.p999),
-            format!("{:.1}", l.max),
             r.rss_end_kb
                 .map_or_else(|| "-".to_string(), |k| format!("{:.0}", k as f64 / 1024.0)),
-            if r.consistent { "ok" } else { "FAILED" }.to_string(),
+            check_cell(r.consistent),
         ]);
         rows.push(row);
     }
@@ -436,6 +433,21 @@ pub fn render_table(params: &Params, sweep: &Sweep, records: &[Record]) -> Strin
         out.push_str(&render_per_type(&cols, records));
     }
     out
+}
+
+/// A table's cell for a consistency check that passed (`ok`) or not (`FAILED`).
+pub fn check_cell(ok: bool) -> String {
+    if ok { "ok" } else { "FAILED" }.to_string()
+}
+
+/// A table's header: the option columns `cols`, then `before`, the abort columns and `after`.
+fn header(cols: &[&str], before: &[&str], after: &[&str]) -> Vec<String> {
+    let names = cols
+        .iter()
+        .chain(before)
+        .chain(&Aborts::HEADER)
+        .chain(after);
+    names.map(|c| c.to_string()).collect()
 }
 
 /// The values of the options `cols` in record `r` (`-` where it has none).
@@ -450,23 +462,17 @@ fn option_cells(cols: &[&'static str], r: &Record) -> Vec<String> {
 
 /// The per-transaction-type table: one row per run and type.
 fn render_per_type(cols: &[&'static str], records: &[Record]) -> String {
-    let mut header: Vec<String> = cols.iter().map(|c| c.to_string()).collect();
-    header.extend(
-        ["type", "tps", "commits", "rollbacks"]
-            .into_iter()
-            .chain(Aborts::HEADER)
-            .chain([
-                "stashed",
-                "abort%",
-                "p50 µs",
-                "p90 µs",
-                "p99 µs",
-                "p99.9 µs",
-                "max µs",
-            ])
-            .map(String::from),
-    );
-    let mut rows = vec![header];
+    let before = ["type", "tps", "commits", "rollbacks"];
+    let after = [
+        "stashed",
+        "abort%",
+        "p50 µs",
+        "p90 µs",
+        "p99 µs",
+        "p99.9 µs",
+        "max µs",
+    ];
+    let mut rows = vec![header(cols, &before, &after)];
     for r in records {
         // Types the mix never drew (e.g. `--mix payment`) are left out.
         for t in r

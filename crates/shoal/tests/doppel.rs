@@ -487,6 +487,12 @@ fn incr1_throughput_smoke() {
     }
 }
 
+/// A read-modify-write for `Transaction::update`: the integer value plus 10.
+fn plus_ten(cur: Option<&[u8]>) -> Vec<u8> {
+    let n = cur.map_or(0, |b| i64::from_le_bytes(b.try_into().unwrap_or([0; 8])));
+    (n + 10).to_le_bytes().to_vec()
+}
+
 #[test]
 fn other_operations_on_a_split_record_are_stashed_and_rerun() {
     let db = Database::in_memory_with(doppel_opts(2));
@@ -505,13 +511,7 @@ fn other_operations_on_a_split_record_are_stashed_and_rerun() {
         |tx, t| tx.get(t, "k").map(|_| ()),
         |tx, t| tx.scan(t, ..).map(|_| ()),
         |tx, t| tx.add_and_get(t, "k", 1).map(|_| ()),
-        |tx, t| {
-            tx.update(t, "k", |cur| {
-                let n = cur.map_or(0, |b| i64::from_le_bytes(b.try_into().unwrap_or([0; 8])));
-                (n + 10).to_le_bytes().to_vec()
-            })
-            .map(|_| ())
-        },
+        |tx, t| tx.update(t, "k", plus_ten).map(|_| ()),
     ] {
         let mut tx = db.begin();
         if db.doppel_stats().unwrap().phase == Some(Phase::Split) {
@@ -552,12 +552,7 @@ fn a_read_modify_write_of_a_split_record_is_stashed() {
     tx.commit().unwrap();
     let mut tx = db.begin();
     assert_eq!(db.doppel_stats().unwrap().phase, Some(Phase::Split));
-    let e = tx
-        .update(&t, "k", |cur| {
-            let n = cur.map_or(0, |b| i64::from_le_bytes(b.try_into().unwrap_or([0; 8])));
-            (n + 10).to_le_bytes().to_vec()
-        })
-        .unwrap_err();
+    let e = tx.update(&t, "k", plus_ten).unwrap_err();
     assert!(
         matches!(e, Error::Stashed { .. }) && e.is_retryable(),
         "{e}"

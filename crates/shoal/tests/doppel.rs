@@ -487,6 +487,20 @@ fn incr1_throughput_smoke() {
     }
 }
 
+/// A Doppel database (split phases of `t_s_ms`) whose table holds "k" = 5, split for ADD,
+/// in a split phase, after one ADD of 1 went to a slice.
+fn split_k(t_s_ms: u64) -> (Database, Table) {
+    let db = Database::in_memory_with(doppel_opts(t_s_ms));
+    let t = db.create_table("t").unwrap();
+    db.run(|tx| tx.put(&t, "k", 5i64.to_le_bytes())).unwrap();
+    db.split_hint(&t, "k", SplitOp::Add).unwrap();
+    wait_split(&db);
+    let mut tx = db.begin();
+    tx.add(&t, "k", 1).unwrap();
+    tx.commit().unwrap();
+    (db, t)
+}
+
 /// A read-modify-write for `Transaction::update`: the integer value plus 10.
 fn plus_ten(cur: Option<&[u8]>) -> Vec<u8> {
     let n = cur.map_or(0, |b| i64::from_le_bytes(b.try_into().unwrap_or([0; 8])));
@@ -495,15 +509,8 @@ fn plus_ten(cur: Option<&[u8]>) -> Vec<u8> {
 
 #[test]
 fn other_operations_on_a_split_record_are_stashed_and_rerun() {
-    let db = Database::in_memory_with(doppel_opts(2));
-    let t = db.create_table("t").unwrap();
-    db.run(|tx| tx.put(&t, "k", 5i64.to_le_bytes())).unwrap();
-    db.split_hint(&t, "k", SplitOp::Add).unwrap();
-    wait_split(&db);
-    // In the split phase: ADD goes to a slice; MAX, a put and a read are stashed.
-    let mut tx = db.begin();
-    tx.add(&t, "k", 1).unwrap();
-    tx.commit().unwrap();
+    let (db, t) = split_k(2);
+    // In the split phase: ADD went to a slice; MAX, a put and a read are stashed.
     for f in [
         (|tx: &mut shoal::Transaction<'_>, t: &Table| tx.max(t, "k", 100))
             as fn(&mut shoal::Transaction<'_>, &Table) -> shoal::Result<()>,
@@ -542,14 +549,7 @@ fn other_operations_on_a_split_record_are_stashed_and_rerun() {
 /// test.
 #[test]
 fn a_read_modify_write_of_a_split_record_is_stashed() {
-    let db = Database::in_memory_with(doppel_opts(10_000));
-    let t = db.create_table("t").unwrap();
-    db.run(|tx| tx.put(&t, "k", 5i64.to_le_bytes())).unwrap();
-    db.split_hint(&t, "k", SplitOp::Add).unwrap();
-    wait_split(&db);
-    let mut tx = db.begin();
-    tx.add(&t, "k", 1).unwrap();
-    tx.commit().unwrap();
+    let (db, t) = split_k(10_000);
     let mut tx = db.begin();
     assert_eq!(db.doppel_stats().unwrap().phase, Some(Phase::Split));
     let e = tx.update(&t, "k", plus_ten).unwrap_err();

@@ -484,17 +484,22 @@ impl<'a> Node<'a> {
         for (i, it) in img.items.iter().enumerate() {
             let bytes = 8 + pad8(it.key.len() + it.val.len());
             start -= bytes;
-            self.write_record(start, &it.key, it.word, &it.val);
-            let m = Meta {
-                off: start,
-                klen: it.key.len(),
-                vlen: it.val.len(),
-                ghost: it.ghost,
-                ovf: it.ovf,
-            };
-            self.set_slot(i, &it.key, m);
+            self.put_item(i, start, it);
         }
         self.set_data(start, PAGE_SIZE - start);
+    }
+
+    /// Writes `it`'s record at byte offset `at` and fills slot `i` for it.
+    fn put_item(&self, i: usize, at: usize, it: &Item) {
+        self.write_record(at, &it.key, it.word, &it.val);
+        let m = Meta {
+            off: at,
+            klen: it.key.len(),
+            vlen: it.val.len(),
+            ghost: it.ghost,
+            ovf: it.ovf,
+        };
+        self.set_slot(i, &it.key, m);
     }
 
     fn write_record(&self, at: usize, key: &[u8], word: u64, val: &[u8]) {
@@ -560,17 +565,9 @@ impl<'a> Node<'a> {
         let n = self.count();
         let bytes = need - SLOT;
         let start = self.data_start() - bytes;
-        self.write_record(start, &it.key, it.word, &it.val);
         let s = HDR_WORDS + SLOT_WORDS * i;
         self.0.move_words(s, s + SLOT_WORDS, SLOT_WORDS * (n - i));
-        let m = Meta {
-            off: start,
-            klen: it.key.len(),
-            vlen: it.val.len(),
-            ghost: it.ghost,
-            ovf: it.ovf,
-        };
-        self.set_slot(i, &it.key, m);
+        self.put_item(i, start, it);
         self.set_count(n + 1);
         self.set_data(start, self.used() + bytes);
         self.0.store(W_LAST, i as u64 + 1);

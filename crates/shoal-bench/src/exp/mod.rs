@@ -58,6 +58,33 @@ pub struct ExpArgs {
     /// Hide the progress bars.
     #[arg(long)]
     pub no_progress: bool,
+
+    /// Load control in every run, as `shoal bench --admission`: `off`, `auto` or a number of
+    /// running transactions, or a comma-separated list (each sweep then runs once per value,
+    /// in one process, and the series are named by it). Default: the engine's (`auto`).
+    #[arg(long, value_name = "LIST")]
+    pub admission: Option<String>,
+}
+
+/// The `shoal bench` arguments of sweep `r` with the experiment-wide overrides that are
+/// engine options (`--admission`) appended. A sweep that sets the option itself is refused
+/// rather than silently overridden.
+pub fn bench_args(r: &Run, admission: Option<&str>) -> anyhow::Result<Vec<String>> {
+    let mut args = r.args.clone();
+    if let Some(a) = admission {
+        if args
+            .iter()
+            .any(|x| x == "--admission" || x.starts_with("--admission="))
+        {
+            bail!(
+                "--admission: the sweep `shoal bench {}` sets it already",
+                r.args.join(" ")
+            );
+        }
+        args.push("--admission".into());
+        args.push(a.into());
+    }
+    Ok(args)
 }
 
 /// What a plot panel puts on its y axis.
@@ -209,7 +236,7 @@ pub fn run(a: &ExpArgs) -> anyhow::Result<()> {
     let mut benches = Vec::new();
     for (gi, g) in groups.iter().enumerate() {
         for r in &g.runs {
-            let mut b = parse_bench(&r.args)?;
+            let mut b = parse_bench(&bench_args(r, a.admission.as_deref())?)?;
             if let Some(d) = a.duration {
                 b.duration = d;
             }
@@ -241,7 +268,8 @@ pub fn run(a: &ExpArgs) -> anyhow::Result<()> {
                 .runs
                 .iter()
                 .find(|r| &r.label == label)
-                .map(|r| r.args.join(" "))
+                .and_then(|r| bench_args(r, a.admission.as_deref()).ok())
+                .map(|args| args.join(" "))
                 .unwrap_or_default()
         );
         let (recs, res) = crate::run_bench(b);

@@ -228,3 +228,39 @@ fn registry_entries_parse_into_valid_bench_configurations() {
     );
     assert!(find("e3").is_some() && find("E99").is_none());
 }
+
+#[test]
+fn admission_override_runs_every_sweep_once_per_value_and_refuses_a_second_one() {
+    use shoal::Admission;
+    let admissions = |adm: Option<&str>| -> Vec<Admission> {
+        let mut seen = Vec::new();
+        for id in ["E3", "E4", "E7"] {
+            for g in (find(id).unwrap().groups)(true) {
+                for r in &g.runs {
+                    let b = parse_bench(&bench_args(r, adm).unwrap()).unwrap();
+                    for (cfg, _) in harness::plan(&b.sweep()).unwrap().runs {
+                        if !seen.contains(&cfg.options.admission) {
+                            seen.push(cfg.options.admission);
+                        }
+                    }
+                }
+            }
+        }
+        seen
+    };
+    assert_eq!(admissions(None), [Admission::Auto], "the engine's default");
+    assert_eq!(admissions(Some("off")), [Admission::Off]);
+    let mut both = admissions(Some("off,auto"));
+    both.sort_by_key(|a| format!("{a:?}"));
+    assert_eq!(both, [Admission::Auto, Admission::Off]);
+    assert_eq!(admissions(Some("4")), [Admission::Limit(4)]);
+    // A bad value fails when the command line is parsed, before anything runs.
+    let r = &(find("E4").unwrap().groups)(true)[0].runs[0];
+    assert!(parse_bench(&bench_args(r, Some("lots")).unwrap()).is_err());
+    let own = Run {
+        label: String::new(),
+        args: super::registry::args("tpcb --admission 2"),
+    };
+    assert!(bench_args(&own, Some("off")).is_err());
+    assert_eq!(bench_args(&own, None).unwrap(), own.args);
+}

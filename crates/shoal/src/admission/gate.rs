@@ -284,8 +284,9 @@ impl Gate {
     }
 
     /// Parks until `me` (queued by [`enqueue`](Self::enqueue) with the same `resume`) is
-    /// handed a slot; returns it, or `None` once the gate's `escape` time has passed since
-    /// `since` (default: now) and the thread left the queue. Only `me`'s thread calls this.
+    /// handed a slot; returns it, or `None` once the thread has waited the gate's `escape`
+    /// time since `since` (default: now) and no slot was handed over during the last
+    /// `escape` of it either, and the thread left the queue. Only `me`'s thread calls this.
     pub fn wait_granted(
         &self,
         me: &Arc<Waiter>,
@@ -293,19 +294,29 @@ impl Gate {
         since: Option<Instant>,
     ) -> Option<usize> {
         let share = if resume { 1 + RESUMER } else { 1 };
-        let deadline = self.escape.map(|d| since.unwrap_or_else(Instant::now) + d);
+        let mut deadline = self.escape.map(|d| since.unwrap_or_else(Instant::now) + d);
+        // Hand-overs so far: while slots keep changing hands the queue moves (FIFO), so
+        // this thread's turn comes; only a gate that stood still for a whole escape time
+        // may be held by threads that wait for this one.
+        let mut seen = self.handovers.load(SeqCst);
         loop {
             let g = me.granted.load(SeqCst);
             if g != NONE {
                 return Some(g);
             }
-            let Some(deadline) = deadline else {
+            let (Some(at), Some(escape)) = (deadline, self.escape) else {
                 park();
                 continue;
             };
             let now = Instant::now();
-            if now < deadline {
-                park_timeout(deadline - now);
+            if now < at {
+                park_timeout(at - now);
+                continue;
+            }
+            let moved = self.handovers.load(SeqCst);
+            if moved != seen {
+                seen = moved;
+                deadline = Some(now + escape);
                 continue;
             }
             // Waited too long (threads holding every slot may be waiting for this one

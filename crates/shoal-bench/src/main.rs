@@ -519,21 +519,31 @@ fn run_bench_into(args: &BenchArgs, records: &mut Vec<Record>) -> anyhow::Result
     res
 }
 
-/// Turns transparent huge pages off for this process. mimalloc asks for them on its arenas,
-/// and each worker thread's heap then faults in whole 2 MiB pages: at 512 worker threads the
-/// harness alone held about 1.7 GB and spent about a third of the run zeroing pages
-/// (`clear_page_erms`, txbench read-only); without them it held 300 MB.
-fn disable_transparent_huge_pages() {
+/// Keeps mimalloc's heaps off transparent huge pages. mimalloc asked for them on its arenas,
+/// and each worker thread's heap then faulted in whole 2 MiB pages: at 512 worker threads
+/// the harness alone held about 1.7 GB and spent about a third of the run zeroing pages
+/// (`clear_page_erms`, txbench read-only); without them it held 300 MB. The crate's `no_thp`
+/// feature stops it asking; where the system backs *all* memory with huge pages
+/// (`enabled` is `always`), this turns them off for the process. Otherwise (`madvise`, the
+/// usual default) huge pages stay available for the engine's page arena, which asks for
+/// them itself.
+fn keep_heaps_off_huge_pages() {
     #[cfg(target_os = "linux")]
-    // SAFETY: `prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0)` takes no pointers and only sets a flag
-    // on this process; failure (an old kernel) leaves THP as it was, which is harmless.
-    unsafe {
-        libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0);
+    {
+        let mode = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled");
+        if mode.is_ok_and(|m| m.contains("[always]")) {
+            // SAFETY: `prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0)` takes no pointers and only
+            // sets a flag on this process; failure (an old kernel) leaves THP as it was,
+            // which is harmless.
+            unsafe {
+                libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0);
+            }
+        }
     }
 }
 
 fn main() -> ExitCode {
-    disable_transparent_huge_pages();
+    keep_heaps_off_huge_pages();
     let cli = Cli::parse();
     let res = match &cli.command {
         Command::Bench(args) => bench(args),

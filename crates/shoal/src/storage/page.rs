@@ -14,7 +14,8 @@
 //! **Resident store.** Every page is in memory: frames live in chunks that double in size
 //! (chunk `k` holds `2^k` frames, so a page id maps to its frame with one leading-zero
 //! count and no lock, and a frame never moves), allocated on demand, zeroed lazily by the
-//! allocator. Freed pages go on a free list and are reused first; frames are returned to the
+//! allocator (chunks of 2 MiB and more on transparent huge pages, see `advise_huge`). Freed
+//! pages go on a free list and are reused first; frames are returned to the
 //! allocator only when the store is dropped, so a stale page id read by an optimistic reader
 //! always names valid memory. A buffer manager would keep the same interface (ids, `frame`,
 //! `alloc`, `free`) and add a residence check in `frame`.
@@ -83,6 +84,31 @@ impl Frame {
         self.words.get(from.min(to)..to).unwrap_or(&[])
     }
 
+    /// Hints the processor to load the cache lines of bytes `from..to` (clamped to the
+    /// page): a search or copy that is about to touch several lines then waits for one
+    /// memory latency instead of one per line (the loads overlap).
+    #[inline]
+    pub fn prefetch(&self, from: usize, to: usize) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let words = self.span(from / 8, to.div_ceil(8));
+            let mut i = 0;
+            while i < words.len() {
+                // SAFETY: `_mm_prefetch` only hints the cache; the pointer is into `words`,
+                // a live slice of this frame.
+                unsafe {
+                    std::arch::x86_64::_mm_prefetch(
+                        words.as_ptr().add(i).cast::<i8>(),
+                        std::arch::x86_64::_MM_HINT_T0,
+                    );
+                }
+                i += 8;
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (from, to);
+    }
+
     /// Appends the `len` bytes at any byte offset `off` to `out`, clamped to the page.
     ///
     /// The words are copied whole into `out` (8-byte stores) and the leading bytes of the
@@ -92,6 +118,9 @@ impl Frame {
         let end = off.saturating_add(len).min(PAGE_SIZE);
         if end <= off {
             return;
+        }
+        if end - off > 128 {
+            self.prefetch(off, end);
         }
         let src = self.span(off / 8, end.div_ceil(8));
         let base = out.len();
@@ -222,8 +251,42 @@ fn chunk_of(pid: PageId) -> (usize, usize) {
     (k, (n - (1u64 << k)) as usize)
 }
 
+/// Chunks of at least this many bytes are aligned to it and backed by transparent huge
+/// pages where the kernel offers them (see [`advise_huge`]).
+const HUGE_PAGE: usize = 2 << 20;
+
 fn chunk_layout(k: usize) -> Option<Layout> {
-    Layout::array::<Frame>(1usize << k).ok()
+    let l = Layout::array::<Frame>(1usize << k).ok()?;
+    if l.size() >= HUGE_PAGE {
+        l.align_to(HUGE_PAGE).ok()
+    } else {
+        Some(l)
+    }
+}
+
+/// Asks the kernel to back a chunk's whole 2 MiB pages with transparent huge pages
+/// (`madvise(MADV_HUGEPAGE)`; it matters where the system setting is `madvise`, the common
+/// default). A lookup in a large tree misses the cache on every level, and with 4 KiB pages
+/// it also misses the TLB: a dependent load into 1 GiB of pages took 303 ns here with 4 KiB
+/// pages and 189 ns with huge ones (pointer chasing, this machine), and YCSB-C over 1M rows
+/// ran 13% faster. The range is rounded inwards to whole huge pages; failure (no THP, an old
+/// kernel) leaves the chunk on small pages, which is only slower.
+fn advise_huge(p: *mut u8, len: usize) {
+    #[cfg(target_os = "linux")]
+    {
+        let start = (p as usize).next_multiple_of(HUGE_PAGE);
+        let end = (p as usize).saturating_add(len) / HUGE_PAGE * HUGE_PAGE;
+        if end > start {
+            // SAFETY: the range lies inside the allocation `p..p + len` just made and
+            // `madvise` with `MADV_HUGEPAGE` only changes how the kernel backs it; no memory
+            // is read, written or unmapped.
+            unsafe {
+                libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE);
+            }
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (p, len);
 }
 
 impl Default for PageStore {
@@ -283,6 +346,7 @@ impl PageStore {
             if p.is_null() {
                 std::alloc::handle_alloc_error(layout);
             }
+            advise_huge(p.cast(), layout.size());
             slot.store(p, AtomicOrdering::Release);
         }
         *next += 1;

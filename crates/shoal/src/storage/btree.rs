@@ -211,7 +211,7 @@ enum Target<'a> {
 
 /// Bytes an entry for a key of `klen` bytes takes at most with an inline value.
 fn max_entry(klen: usize) -> usize {
-    24 + 8 + ((klen + INLINE_VALUE + 7) & !7)
+    32 + ((klen + INLINE_VALUE + 7) & !7)
 }
 
 /// Failed optimistic attempts after which a point read latches the leaf instead (tests use
@@ -219,7 +219,7 @@ fn max_entry(klen: usize) -> usize {
 const PESSIMISTIC_AFTER: u32 = if cfg!(test) { 2 } else { 16 };
 
 /// Bytes a separator takes at most.
-const MAX_SEP: usize = 24 + 8 + MAX_KEY;
+const MAX_SEP: usize = 32 + MAX_KEY;
 
 impl BTree {
     /// An empty tree whose nodes hold as many entries as fit in a page.

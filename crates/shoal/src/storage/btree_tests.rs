@@ -56,7 +56,7 @@ proptest! {
     fn matches_a_btreemap_model_with_long_keys(
         ops in proptest::collection::vec(
             (long_key(), any::<u8>(), 0u8..4), 1..300),
-        cap in 3usize..6,
+        cap in prop_oneof![3usize..6, 34usize..80],
     ) {
         let t = BTree::with_capacity(cap, cap);
         let mut m: BTreeMap<Vec<u8>, Record> = BTreeMap::new();
@@ -99,7 +99,7 @@ proptest! {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(200))]
     #[test]
-    fn matches_a_btreemap_model(ops in proptest::collection::vec(op(), 1..300), cap in 3usize..6) {
+    fn matches_a_btreemap_model(ops in proptest::collection::vec(op(), 1..300), cap in prop_oneof![3usize..6, 34usize..80]) {
         let t = BTree::with_capacity(cap, cap);
         let mut m: BTreeMap<Vec<u8>, Record> = BTreeMap::new();
         for o in ops {
@@ -244,7 +244,7 @@ proptest! {
     #[test]
     fn hinted_calls_match_a_btreemap_model(
         ops in proptest::collection::vec((key(), any::<u8>(), 0u8..4, any::<prop::sample::Index>()), 1..300),
-        cap in 3usize..6,
+        cap in prop_oneof![3usize..6, 34usize..80],
     ) {
         let t = BTree::with_capacity(cap, cap);
         let other = BTree::with_capacity(cap, cap);

@@ -8,7 +8,9 @@
 //! word 4      inner: the child below the first separator; overflow: the next page
 //! word 5      overflow: the bytes of the value in this page
 //! word 6      one more than the slot of the last insert (sequential-insert detection)
-//! word 8..    the slot array, four words (32 bytes) a slot, growing up:
+//! word 7..23  search hints: the first 8 bytes (big-endian) of the keys of slots
+//!             d, 2d, .. 16d with d = count / 17, when count is at least 34
+//! word 23..   the slot array, four words (32 bytes) a slot, growing up:
 //!               head  the key's first 16 bytes, zero padded, as a big-endian integer
 //!               meta  data offset (bits 0..16) | key length (16..32) | inline value length
 //!                     (32..62) | ghost (bit 62) | value in overflow pages (bit 63)
@@ -65,8 +67,17 @@ pub const W_LINK: usize = 4;
 pub const W_OVLEN: usize = 5;
 /// One more than the slot of the last insert (0: none since the page was written whole).
 const W_LAST: usize = 6;
-/// Words before the slot array (and before an overflow page's bytes).
-pub const HDR_WORDS: usize = 8;
+/// The search hints: the first 8 bytes of every `count / (HINTS + 1)`-th key (see
+/// [`Node::window`]).
+const W_HINTS: usize = 7;
+/// Number of search hints.
+const HINTS: usize = 16;
+/// Nodes with fewer slots keep no hints (a plain binary search touches a few lines anyway).
+const HINT_MIN: usize = 2 * (HINTS + 1);
+/// Words before the slot array (and before an overflow page's bytes): with the frame's
+/// latch word in front, the header and the hints fill three cache lines, so every slot
+/// starts at a multiple of 32 bytes and none straddles two lines.
+pub const HDR_WORDS: usize = W_HINTS + HINTS;
 const HDR: usize = HDR_WORDS * 8;
 /// Bytes of an overflow page's payload.
 pub const OVERFLOW_BYTES: usize = PAGE_SIZE - HDR;
@@ -345,16 +356,66 @@ impl<'a> Node<'a> {
         self.partition(|o| o != Ordering::Greater, p)
     }
 
+    /// The slots `lo..hi` where a search for `p` ends (its answer lies in `lo..=hi`),
+    /// narrowed by the hints (LeanStore's hint array): a slot whose first 8 key bytes are
+    /// below `p`'s is below `p`, one whose first 8 bytes are above is above it. The hints
+    /// take two adjacent cache lines; the binary search then spans a seventeenth of the slots
+    /// and misses the cache some four times fewer on a large node.
+    #[inline]
+    fn window(&self, p: &Probe<'_>) -> (usize, usize) {
+        let n = self.count();
+        if n < HINT_MIN {
+            return (0, n);
+        }
+        let d = n / (HINTS + 1);
+        let h = (p.head >> 64) as u64;
+        let (mut below, mut at_most) = (0, 0);
+        for w in self.0.span_words(W_HINTS, W_HINTS + HINTS) {
+            let x = w.load(std::sync::atomic::Ordering::Relaxed);
+            below += usize::from(x < h);
+            at_most += usize::from(x <= h);
+        }
+        let lo = if below == 0 { 0 } else { d * below + 1 };
+        let hi = if at_most == HINTS {
+            n
+        } else {
+            d * (at_most + 1)
+        };
+        (lo.min(n), hi.min(n))
+    }
+
+    /// Rewrites the hints whose slots are at `from` or after (all of them when the hint
+    /// spacing changed from what `old_count` slots gave). Exclusive latch.
+    fn update_hints(&self, from: usize, old_count: usize) {
+        let n = self.count();
+        if n < HINT_MIN {
+            return;
+        }
+        let d = n / (HINTS + 1);
+        let from = if old_count < HINT_MIN || old_count / (HINTS + 1) != d {
+            0
+        } else {
+            from
+        };
+        for k in 0..HINTS {
+            let s = d * (k + 1);
+            if s >= from {
+                self.0
+                    .store(W_HINTS + k, self.0.load(HDR_WORDS + SLOT_WORDS * s));
+            }
+        }
+    }
+
     /// The first slot whose key is not `below` `p`: a binary search whose step is a
     /// conditional move rather than a branch (the answer lies in `base..=base + size`; a
     /// mispredicted branch per level cost more than the comparisons).
     #[inline]
     fn partition(&self, below: impl Fn(Ordering) -> bool, p: &Probe<'_>) -> usize {
-        let n = self.count();
-        if n == 0 {
-            return 0;
+        let (lo, hi) = self.window(p);
+        if hi <= lo {
+            return lo;
         }
-        let (mut base, mut size) = (0, n);
+        let (mut base, mut size) = (lo, hi - lo);
         while size > 1 {
             let half = size / 2;
             let mid = base + half;
@@ -493,6 +554,7 @@ impl<'a> Node<'a> {
             self.put_item(i, start, it);
         }
         self.set_data(start, PAGE_SIZE - start);
+        self.update_hints(0, 0);
     }
 
     /// Writes `it`'s record at byte offset `at` and fills slot `i` for it.
@@ -572,6 +634,7 @@ impl<'a> Node<'a> {
         self.set_count(n + 1);
         self.set_data(start, self.used() + bytes);
         self.0.store(W_LAST, i as u64 + 1);
+        self.update_hints(i, n);
         true
     }
 
@@ -601,6 +664,7 @@ impl<'a> Node<'a> {
             .zero_words(HDR_WORDS + SLOT_WORDS * (n - 1), HDR_WORDS + SLOT_WORDS * n);
         self.set_count(n - 1);
         self.set_data(self.data_start(), self.used().saturating_sub(bytes));
+        self.update_hints(i, n);
     }
 
     /// Replaces slot `i`'s value (inline bytes or overflow reference) and ghost bit, in place
@@ -686,6 +750,71 @@ mod tests {
             val: vec![k as u8; vlen],
             ghost: k.is_multiple_of(7),
             ovf: false,
+        }
+    }
+
+    /// Searches with hints give the linear scan's answers, on nodes from a few slots to
+    /// hundreds, with keys that share their first 8 bytes in runs (so hints tie), after
+    /// inserts and removes at random places.
+    #[test]
+    fn hinted_searches_match_a_linear_scan() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let store = PageStore::new();
+        let f = store.frame(store.alloc()).expect("frame");
+        let n = Node(f);
+        let key = |rng: &mut rand::rngs::StdRng| -> Vec<u8> {
+            let mut k = vec![0u8; 8];
+            k[7] = rng.gen_range(0..4u8) * 60;
+            let tail: usize = rng.gen_range(0..12);
+            k.extend((0..tail).map(|_| rng.gen_range(0..3u8)));
+            k
+        };
+        for _round in 0..4 {
+            n.write_image(&Image::leaf(None, None));
+            let mut model: Vec<Vec<u8>> = Vec::new();
+            for step in 0..900 {
+                let k = key(&mut rng);
+                match model.binary_search(&k) {
+                    Ok(i) if step % 3 == 0 => {
+                        n.remove(i);
+                        model.remove(i);
+                    }
+                    Ok(_) => {}
+                    Err(i) => {
+                        let it = Item {
+                            key: k.clone(),
+                            word: 1,
+                            val: vec![1; 3],
+                            ghost: false,
+                            ovf: false,
+                        };
+                        if n.insert(i, &it) {
+                            model.insert(i, k);
+                        }
+                    }
+                }
+                let probe = key(&mut rng);
+                let p = Probe::new(&probe);
+                let lower = model.iter().filter(|m| **m < probe).count();
+                let upper = model.iter().filter(|m| **m <= probe).count();
+                assert_eq!(
+                    n.lower_bound(&p),
+                    lower,
+                    "lower bound, {} slots",
+                    model.len()
+                );
+                assert_eq!(
+                    n.upper_bound(&p),
+                    upper,
+                    "upper bound, {} slots",
+                    model.len()
+                );
+            }
+            assert!(
+                model.len() > 3 * HINT_MIN,
+                "the node grew past the hint threshold"
+            );
         }
     }
 

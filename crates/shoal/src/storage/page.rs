@@ -109,6 +109,12 @@ impl Frame {
         let _ = (from, to);
     }
 
+    /// The words `from..to`, clamped to the page.
+    #[inline]
+    pub fn span_words(&self, from: usize, to: usize) -> &[AtomicU64] {
+        self.span(from, to)
+    }
+
     /// Appends the `len` bytes at any byte offset `off` to `out`, clamped to the page.
     ///
     /// The words are copied whole into `out` (8-byte stores) and the leading bytes of the

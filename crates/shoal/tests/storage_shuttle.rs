@@ -6,8 +6,9 @@
 //! The model follows the tree's protocol: pages are arrays of atomic words; a reader
 //! descends without latching (read the root's version, pick the child, read the child's
 //! version, validate the root's; read the leaf, validate the leaf's) and restarts on any
-//! failed validation; structure changes (splits, merges) latch the root and the children
-//! exclusively, top-down; an in-place update latches only its leaf, by upgrading the version
+//! failed validation; a split latches the parent and the leaf by upgrading the versions an
+//! optimistic descent read; a merge latches the root and the children exclusively,
+//! top-down; an in-place update latches only its leaf, by upgrading the version
 //! its optimistic descent read. Freed pages are cleared and reused, as in the page store.
 //!
 //! The properties: a reader's validated result is never torn (each record's two value
@@ -212,13 +213,26 @@ impl Tree {
         }
     }
 
-    /// Insert with a split when the leaf is full (root and leaves latched top-down).
+    /// Insert with a split when the leaf is full, as `BTree::split_under_parent` does it: an
+    /// optimistic descent, then the parent (the root here) and the leaf latched by
+    /// upgrading the versions the descent read, parent first; a failed upgrade releases
+    /// what it holds and starts over.
     fn insert(&self, k: u64) {
         let root = &self.pages[0];
-        root.latch.lock();
-        let (c, idx) = self.child_for(k);
-        let leaf = &self.pages[c];
-        leaf.latch.lock();
+        let (c, idx, leaf) = loop {
+            let rv = root.latch.optimistic();
+            let (c, idx) = self.child_for(k);
+            let leaf = &self.pages[c];
+            let lv = leaf.latch.optimistic();
+            if !root.latch.validate(rv) || !root.latch.try_upgrade(rv) {
+                continue;
+            }
+            if !leaf.latch.try_upgrade(lv) {
+                root.latch.unlock_unchanged(rv);
+                continue;
+            }
+            break (c, idx, leaf);
+        };
         let mut ents = self.leaf_entries(c);
         if ents.iter().any(|e| e.0 == k) {
             leaf.latch.unlock();
@@ -332,14 +346,15 @@ fn scenario() {
         t.insert(k);
     }
     let mut hs = Vec::new();
-    {
+    // Two writers split and merge at the same time (the splits race each other for the
+    // root's version).
+    for keys in [[10, 30], [40, 60]] {
         let t = t.clone();
         hs.push(thread::spawn(move || {
-            // Splits, then merges.
-            for k in [10, 30, 40, 60] {
+            for k in keys {
                 t.insert(k);
             }
-            for k in [10, 30, 40, 60] {
+            for k in keys {
                 t.remove(k);
             }
         }));

@@ -218,6 +218,9 @@ fn max_entry(klen: usize) -> usize {
 /// a low count so that both paths run under their concurrent writers).
 const PESSIMISTIC_AFTER: u32 = if cfg!(test) { 2 } else { 16 };
 
+/// Optimistic tries of a split under the parent's latch before the pessimistic path.
+const SPLIT_ATTEMPTS: u32 = 8;
+
 /// Bytes a separator takes at most.
 const MAX_SEP: usize = 32 + MAX_KEY;
 
@@ -505,7 +508,10 @@ impl BTree {
             let found = n.search(p);
             if !self.room_for(n, p, found) {
                 fr.latch.unlock_unchanged(v);
-                break;
+                return match self.split_under_parent(p, want_prior, f) {
+                    Ok(out) => out,
+                    Err(f) => self.update_pessimistic(p, want_prior, f),
+                };
             }
             match self.apply(n, p, found, want_prior, f) {
                 Applied::Done(r, shrank) => {
@@ -518,7 +524,65 @@ impl BTree {
                 Applied::Split(..) => unreachable!("room_for guarantees room for the entry"),
             }
         }
-        self.update_pessimistic(p, want_prior, f)
+    }
+
+    /// The update of a full leaf, latching only the leaf and its parent (LeanStore's
+    /// split): an optimistic descent finds both, and when the parent has room for one more
+    /// separator the leaf splits under those two latches, so that a split does not latch
+    /// the root and stop every other descent. `Err(f)` hands `f` back, unused, when the
+    /// root is the leaf, the parent is full (it must split first, top-down: the caller's
+    /// pessimistic path) or writers kept changing the two pages.
+    #[allow(clippy::type_complexity)]
+    fn split_under_parent<R, F>(
+        &self,
+        p: &Probe<'_>,
+        want_prior: bool,
+        f: F,
+    ) -> Result<(R, PageId), F>
+    where
+        F: FnOnce(&mut Option<Record>, Option<Option<&[u8]>>) -> R,
+    {
+        for _ in 0..SPLIT_ATTEMPTS {
+            let (pid, lf, lv, parent) = match self.descend(Target::Key(p)) {
+                Some(d) => d,
+                None => continue,
+            };
+            let Some((pf, pv)) = parent else {
+                return Err(f); // the root is the leaf
+            };
+            if !pf.latch.try_upgrade(pv) {
+                continue;
+            }
+            let parent = Node(pf);
+            if self.inner_full(parent) {
+                pf.latch.unlock_unchanged(pv);
+                return Err(f);
+            }
+            if !lf.latch.try_upgrade(lv) {
+                pf.latch.unlock_unchanged(pv);
+                continue;
+            }
+            // Both versions are the ones the descent read: `pid` is still the parent's
+            // child for `p`, at index `i`.
+            let i = parent.child_index(p);
+            let leaf = Node(lf);
+            let (r, at, split, shrank) = match self.apply(leaf, p, leaf.search(p), want_prior, f) {
+                Applied::Done(r, shrank) => (r, pid, false, shrank),
+                Applied::Split(r, j, it) => (
+                    r,
+                    self.split_leaf(parent, i, pid, Some((j, it)), p),
+                    true,
+                    false,
+                ),
+            };
+            lf.latch.unlock();
+            release(pf, pv, split);
+            if shrank {
+                self.rebalance(p);
+            }
+            return Ok((r, at));
+        }
+        Err(f)
     }
 
     /// Runs `f` on `p`'s slot in the exclusively latched leaf `n` and stores the result;

@@ -64,6 +64,20 @@ fn scan(
     r: &KeyRange,
     rev: bool,
 ) -> shoal::Result<Rows> {
+    scan_limited(tx, t, r, rev, None)
+}
+
+/// A scan, or with `limit` the first rows only (`scan_limit`, ascending whatever `rev`).
+fn scan_limited(
+    tx: &mut shoal::Transaction<'_>,
+    t: &Table,
+    r: &KeyRange,
+    rev: bool,
+    limit: Option<usize>,
+) -> shoal::Result<Rows> {
+    if let Some(n) = limit {
+        return tx.scan_limit(t, r.clone(), n);
+    }
     let mut rows = if rev {
         tx.scan_rev(t, r.clone())?
     } else {
@@ -75,8 +89,10 @@ fn scan(
     Ok(rows)
 }
 
-/// Checks order and bounds of an (ascending-normalized) scan result.
-fn check_rows(what: &str, r: &KeyRange, rows: &Rows) {
+/// Checks order and bounds of an (ascending-normalized) scan result; a limited scan returns
+/// at most `limit` rows, the first ones, so only a stable key below its last row must be in
+/// it.
+fn check_rows(what: &str, r: &KeyRange, rows: &Rows, limit: Option<usize>) {
     let keys: Vec<String> = rows.iter().map(|(k, _)| show(k)).collect();
     assert!(
         rows.windows(2).all(|w| w[0].0 < w[1].0),
@@ -85,8 +101,20 @@ fn check_rows(what: &str, r: &KeyRange, rows: &Rows) {
     for (k, _) in rows {
         assert!(r.contains_key(k), "{what}: scan {r} returned {}", show(k));
     }
+    if let Some(n) = limit {
+        assert!(
+            rows.len() <= n,
+            "{what}: scan {r} limited to {n} returned {keys:?}"
+        );
+    }
+    let last = rows.last().map(|(k, _)| k.clone());
     for k in STABLE {
-        if r.contains_key(k.as_bytes()) {
+        let within = match (&last, limit) {
+            (Some(l), Some(_)) => k.as_bytes() <= &l[..],
+            (None, Some(_)) => false,
+            (_, None) => true,
+        };
+        if r.contains_key(k.as_bytes()) && within {
             assert!(
                 rows.iter().any(|(kk, _)| kk == k.as_bytes()),
                 "{what}: scan {r} missed the stable key {k}: {keys:?}"
@@ -179,25 +207,28 @@ fn range_scans_see_no_phantoms_under_concurrent_inserts_and_deletes() {
                         let r = &all[rng.gen_range(0..all.len())];
                         let rev1 = rng.gen_bool(0.5);
                         let rev2 = rng.gen_bool(0.5);
+                        // A third of the double scans read only the first rows (both the
+                        // same number): the rows up to the last one read must not change.
+                        let limit = rng.gen_bool(0.33).then(|| rng.gen_range(1..4));
                         let (a, b) = db
                             .run(|tx| {
-                                let a = scan(tx, t, r, rev1)?;
+                                let a = scan_limited(tx, t, r, rev1, limit)?;
                                 if rng.gen_bool(0.5) {
                                     std::thread::sleep(scan_pause);
                                 } else {
                                     std::thread::yield_now();
                                 }
-                                let b = scan(tx, t, r, rev2)?;
+                                let b = scan_limited(tx, t, r, rev2, limit)?;
                                 Ok((a, b))
                             })
                             .expect("range reader");
-                        check_rows(what, r, &a);
-                        check_rows(what, r, &b);
+                        check_rows(what, r, &a, limit);
+                        check_rows(what, r, &b, limit);
                         assert_eq!(
                             a,
                             b,
-                            "{what}: PHANTOM: two scans of {r} (rev: {rev1}, {rev2}) in one \
-                             transaction differ: {:?} then {:?}",
+                            "{what}: PHANTOM: two scans of {r} (rev: {rev1}, {rev2}, limit: \
+                             {limit:?}) in one transaction differ: {:?} then {:?}",
                             keys(&a),
                             keys(&b)
                         );
@@ -281,8 +312,8 @@ fn range_scan_edges(o: &shoal::Options) {
                         if present { "deleted" } else { "inserted" },
                         if rev { "descending" } else { "ascending" }
                     );
-                    check_rows(&case, r, &a);
-                    check_rows(&case, r, &b);
+                    check_rows(&case, r, &a, None);
+                    check_rows(&case, r, &b, None);
                     if committed {
                         assert_eq!(keys(&a), keys(&b), "{case}: PHANTOM: the two scans differ");
                     }
@@ -347,5 +378,48 @@ fn point_lookup_phantom() {
                 );
             }
         }
+    }
+}
+
+/// A limited scan sees the transaction's own writes like a full one (its deletes hide rows,
+/// its inserts add them), under every concurrency control, and returns the same first rows
+/// as a full scan cut to the limit.
+#[test]
+fn a_limited_scan_sees_its_own_writes() {
+    for o in modes() {
+        let what = format!("limited scan [{}]", mode_name(&o));
+        let (db, t) = setup(&o);
+        let mut tx = db.begin();
+        tx.delete(&t, "k12").expect("delete");
+        tx.insert(&t, "k11", enc(1)).expect("insert");
+        tx.put(&t, "k18", enc(2)).expect("update");
+        let full = tx.scan(&t, ..).expect("full scan");
+        assert_eq!(
+            keys(&full),
+            ["k00", "k11", "k18", "k99"],
+            "{what}: full scan"
+        );
+        for n in 1..6 {
+            let want: Rows = full.iter().take(n).cloned().collect();
+            assert_eq!(
+                tx.scan_limit(&t, .., n).expect("limited scan"),
+                want,
+                "{what}: limit {n}"
+            );
+        }
+        let from = tx.scan_limit(&t, "k10".., 1).expect("limited scan");
+        assert_eq!(keys(&from), ["k11"], "{what}: first row from k10");
+        let rows = tx.scan_limit(&t, "k12".."k99", 5).expect("limited scan");
+        assert_eq!(
+            keys(&rows),
+            ["k18"],
+            "{what}: an updated row, the deleted one gone"
+        );
+        assert_eq!(
+            rows[0].1,
+            enc(2).to_vec(),
+            "{what}: the row's own new value"
+        );
+        tx.commit().expect("commit");
     }
 }

@@ -160,12 +160,13 @@ impl Protocol for DoppelTxn {
         slot: u16,
         lo: Bound<&[u8]>,
         hi: Bound<&[u8]>,
+        limit: usize,
     ) -> Result<Rows> {
         // A scan over a range holding a split record is stashed.
         if self.e.split && self.e.split_in_range(cx.table(slot).inner.id, lo, hi) {
             return Err(self.stash(cx, "a scanned range holds a split key".into()));
         }
-        self.occ.scan(cx, slot, lo, hi)
+        self.occ.scan(cx, slot, lo, hi, limit)
     }
 
     fn commit(&mut self, cx: &mut Ctx<'_>, mode: LogMode) -> Result<CommitTicket> {

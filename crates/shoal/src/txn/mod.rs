@@ -185,12 +185,15 @@ trait Protocol {
             .map(|_| ())
     }
 
+    /// The first `limit` visible rows of `lo..hi` in key order (`usize::MAX`: all), read
+    /// under the protocol's phantom protection for the part of the range it covered.
     fn scan(
         &mut self,
         cx: &mut Ctx<'_>,
         slot: u16,
         lo: Bound<&[u8]>,
         hi: Bound<&[u8]>,
+        limit: usize,
     ) -> Result<Rows>;
 
     /// Takes coarse locks (`lock_table`, `lock_database`): each `(lightweight-intent object,
@@ -594,7 +597,37 @@ impl<'db> Transaction<'db> {
     /// ```
     pub fn scan(&mut self, table: &Table, range: impl KeyRange) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
         let (lo, hi) = range.key_bounds();
-        self.scan_impl(table, lo, hi)
+        self.scan_impl(table, lo, hi, usize::MAX)
+    }
+
+    /// The first `limit` rows of a range in ascending key order: a scan that stops early.
+    /// Only the part of the range up to the last row it read is protected against
+    /// phantoms (locked under 2PL, validated under OCC), so finding the smallest key of a
+    /// range ("the oldest new order") neither reads nor locks the rest of it.
+    ///
+    /// ```
+    /// # fn main() -> shoal::Result<()> {
+    /// let db = shoal::Database::in_memory();
+    /// let t = db.create_table("t")?;
+    /// db.run(|tx| { for k in ["a", "b", "c", "d"] { tx.put(&t, k, "v")?; } Ok(()) })?;
+    /// let first = db.run(|tx| tx.scan_limit(&t, "b".., 2))?;
+    /// assert_eq!(first, vec![(b"b".to_vec(), b"v".to_vec()), (b"c".to_vec(), b"v".to_vec())]);
+    /// assert!(db.run(|tx| tx.scan_limit(&t, .., 0))?.is_empty());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn scan_limit(
+        &mut self,
+        table: &Table,
+        range: impl KeyRange,
+        limit: usize,
+    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        let (lo, hi) = range.key_bounds();
+        if limit == 0 {
+            self.cx.active()?;
+            return Ok(Vec::new());
+        }
+        self.scan_impl(table, lo, hi, limit)
     }
 
     /// Like [`scan`](Self::scan) but in descending key order.
@@ -615,12 +648,18 @@ impl<'db> Transaction<'db> {
         range: impl KeyRange,
     ) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
         let (lo, hi) = range.key_bounds();
-        let mut rows = self.scan_impl(table, lo, hi)?;
+        let mut rows = self.scan_impl(table, lo, hi, usize::MAX)?;
         rows.reverse();
         Ok(rows)
     }
 
-    fn scan_impl(&mut self, table: &Table, lo: Bound<&[u8]>, hi: Bound<&[u8]>) -> Result<Rows> {
+    fn scan_impl(
+        &mut self,
+        table: &Table,
+        lo: Bound<&[u8]>,
+        hi: Bound<&[u8]>,
+        limit: usize,
+    ) -> Result<Rows> {
         self.cx.active()?;
         let max = self.cx.inner().opts.max_key_len;
         for b in [lo, hi] {
@@ -631,7 +670,7 @@ impl<'db> Transaction<'db> {
             }
         }
         let slot = self.cx.table_slot(table)?;
-        dispatch!(&mut self.cc, p => p.scan(&mut self.cx, slot, lo, hi))
+        dispatch!(&mut self.cc, p => p.scan(&mut self.cx, slot, lo, hi, limit))
     }
 
     /// Commits: makes every write visible to later transactions and releases the locks.

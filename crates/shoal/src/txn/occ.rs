@@ -177,6 +177,39 @@ fn empty_range(lo: Bound<&[u8]>, hi: Bound<&[u8]>) -> bool {
     }
 }
 
+/// `rows` (a scan of `lo..hi` in the tree) with this transaction's own writes in that range
+/// merged in: its buffered values replace or add rows, its deletes remove them.
+fn overlay(
+    own: Option<&BTreeMap<Box<[u8]>, WriteEntry>>,
+    lo: Bound<&[u8]>,
+    hi: Bound<&[u8]>,
+    rows: Rows,
+) -> Rows {
+    let Some(m) = own else {
+        return rows;
+    };
+    if empty_range(lo, hi) {
+        return rows;
+    }
+    let mut own = m.range::<[u8], _>((lo, hi)).peekable();
+    if own.peek().is_none() {
+        return rows;
+    }
+    let mut merged = Vec::with_capacity(rows.len());
+    let mut rows = rows.into_iter().peekable();
+    for (k, w) in own {
+        while let Some(r) = rows.next_if(|(rk, _)| rk[..] < k[..]) {
+            merged.push(r);
+        }
+        rows.next_if(|(rk, _)| rk[..] == k[..]);
+        if let Some(v) = &w.value {
+            merged.push((k.to_vec(), v.clone()));
+        }
+    }
+    merged.extend(rows);
+    merged
+}
+
 /// An optimistic transaction: its read, scan and write sets, its epoch pin, and the record
 /// that failed its validation.
 pub(super) struct Occ {
@@ -515,16 +548,21 @@ impl Protocol for Occ {
         slot: u16,
         lo: Bound<&[u8]>,
         hi: Bound<&[u8]>,
+        limit: usize,
     ) -> Result<Rows> {
         let table = table_of(&cx.tables, slot);
         let tree = &table.inner.tree;
+        let own = self.st.writes.get(&table.inner.id);
         let mut seen = Vec::new();
         let mut out = Vec::new();
         let mut start: Bound<Vec<u8>> = lo.map(<[u8]>::to_vec);
-        loop {
+        // The part of the range the scan covered: all of it, or up to the last key read
+        // when the limit stopped it (only that part is validated at commit).
+        let covered: Bound<Vec<u8>> = loop {
+            let want = SCAN_CHUNK.min(limit.saturating_sub(out.len())).max(1);
             let mut spin = Spin::new();
             let chunk = loop {
-                let c = tree.range(as_ref_bound(&start), hi, SCAN_CHUNK);
+                let c = tree.range(as_ref_bound(&start), hi, want);
                 if c.iter().all(|(_, r)| !locked(r.tid)) {
                     break c;
                 }
@@ -538,7 +576,7 @@ impl Protocol for Occ {
                     ));
                 }
             };
-            let full = chunk.len() == SCAN_CHUNK;
+            let full = chunk.len() == want;
             let last = chunk.last().map(|(k, _)| k.clone());
             for (k, r) in chunk {
                 seen.push((k.clone().into_boxed_slice(), r.tid));
@@ -547,41 +585,28 @@ impl Protocol for Occ {
                 }
             }
             match (full, last) {
-                (true, Some(k)) => start = Bound::Excluded(k),
-                _ => break,
+                (true, Some(k)) => {
+                    // Enough rows once this transaction's own writes up to `k` are merged in
+                    // (its deletes may hide some, its inserts add some)?
+                    if limit != usize::MAX
+                        && overlay(own, lo, Bound::Included(&k[..]), out.clone()).len() >= limit
+                    {
+                        break Bound::Included(k);
+                    }
+                    start = Bound::Excluded(k);
+                }
+                _ => break hi.map(<[u8]>::to_vec),
             }
-        }
-        let st = &mut self.st;
-        st.scans.push(ScanSet {
+        };
+        let mut rows = overlay(own, lo, as_ref_bound(&covered), out);
+        rows.truncate(limit);
+        self.st.scans.push(ScanSet {
             slot,
             lo: lo.map(<[u8]>::to_vec),
-            hi: hi.map(<[u8]>::to_vec),
+            hi: covered,
             seen,
         });
-        // Overlay this transaction's own writes in the range.
-        let Some(m) = st.writes.get(&table.inner.id) else {
-            return Ok(out);
-        };
-        if empty_range(lo, hi) {
-            return Ok(out);
-        }
-        let mut own = m.range::<[u8], _>((lo, hi)).peekable();
-        if own.peek().is_none() {
-            return Ok(out);
-        }
-        let mut merged = Vec::with_capacity(out.len());
-        let mut rows = out.into_iter().peekable();
-        for (k, w) in own {
-            while let Some(r) = rows.next_if(|(rk, _)| rk[..] < k[..]) {
-                merged.push(r);
-            }
-            rows.next_if(|(rk, _)| rk[..] == k[..]);
-            if let Some(v) = &w.value {
-                merged.push((k.to_vec(), v.clone()));
-            }
-        }
-        merged.extend(rows);
-        Ok(merged)
+        Ok(rows)
     }
 
     fn commit(&mut self, cx: &mut Ctx<'_>, mode: LogMode) -> Result<CommitTicket> {

@@ -681,6 +681,7 @@ impl Protocol for TwoPl {
         slot: u16,
         lo: Bound<&[u8]>,
         hi: Bound<&[u8]>,
+        limit: usize,
     ) -> Result<Rows> {
         self.intent(cx, slot, false)?;
         let mut out = Vec::new();
@@ -743,8 +744,11 @@ impl Protocol for TwoPl {
         let next_mode = cursor_mode(CursorDir::Ascending, true, CursorStep::Next);
         let mut start: Bound<Vec<u8>> = lo.map(<[u8]>::to_vec);
         loop {
+            // Read (and lock) no further than the rows still wanted; ghosts are skipped, so
+            // a short chunk may need another one.
+            let want = SCAN_CHUNK.min(limit.saturating_sub(out.len())).max(1);
             let tree = &cx.table(slot).inner.tree;
-            let mut chunk = tree.range(as_ref_bound(&start), hi, SCAN_CHUNK);
+            let mut chunk = tree.range(as_ref_bound(&start), hi, want);
             if self.locking {
                 loop {
                     for (k, _) in &chunk {
@@ -752,7 +756,7 @@ impl Protocol for TwoPl {
                         self.lock(cx, id, next_mode)?;
                     }
                     let tree = &cx.table(slot).inner.tree;
-                    let again = tree.range(as_ref_bound(&start), hi, SCAN_CHUNK);
+                    let again = tree.range(as_ref_bound(&start), hi, want);
                     let same = again.len() == chunk.len()
                         && again
                             .iter()
@@ -764,7 +768,7 @@ impl Protocol for TwoPl {
                     }
                 }
             }
-            let full = chunk.len() == SCAN_CHUNK;
+            let full = chunk.len() == want;
             let last = chunk.last().map(|(k, _)| k.clone());
             out.extend(
                 chunk
@@ -773,7 +777,7 @@ impl Protocol for TwoPl {
                     .map(|(k, r)| (k, r.value)),
             );
             match (full, last) {
-                (true, Some(k)) => start = Bound::Excluded(k),
+                (true, Some(k)) if out.len() < limit => start = Bound::Excluded(k),
                 _ => break,
             }
         }

@@ -31,9 +31,6 @@ impl Tpcc {
             item: create("item")?,
             stock: create("stock")?,
             scale,
-            oldest_hint: (0..scale.warehouses * u32::from(scale.districts))
-                .map(|_| AtomicU32::new(scale.orders - scale.new_orders + 1))
-                .collect(),
             optimistic: db.options().cc == shoal::ConcurrencyControl::Optimistic,
         };
         let mut items = Vec::new();

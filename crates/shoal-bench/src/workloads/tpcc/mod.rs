@@ -57,7 +57,6 @@
 
 use std::collections::BTreeSet;
 use std::ops::Bound;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context};
@@ -649,9 +648,6 @@ pub struct Tpcc {
     item: Table,
     stock: Table,
     scale: Scale,
-    /// Per district: a lower estimate of its oldest undelivered order, so that Delivery's
-    /// range scan usually covers a few keys. Only a hint: the scan starts at order 0.
-    oldest_hint: Vec<AtomicU32>,
     /// The database runs optimistic concurrency control: see [`Tpcc::insert_new`].
     optimistic: bool,
 }
@@ -729,9 +725,6 @@ pub struct TpccWorker {
     seq: u64,
     cur: Txn,
 }
-
-/// Delivery first scans this many new-order ids past the district's hint.
-const DELIVERY_WINDOW: u32 = 32;
 
 /// Orders per load transaction of the order work items.
 const LOAD_ORDERS: u32 = 300;

@@ -300,30 +300,13 @@ impl Tpcc {
         now: u64,
     ) -> shoal::Result<()> {
         for d in 1..=self.scale.districts {
-            let hint = &self.oldest_hint
-                [((w - 1) * u32::from(self.scale.districts) + u32::from(d - 1)) as usize];
-            // The oldest new order: first in the window up to the hint (from order 0, so
-            // the hint cannot hide an order), else anywhere after it.
-            let edge = hint.load(Ordering::Relaxed).saturating_add(DELIVERY_WINDOW);
-            let mut rows = tx.scan(
-                &self.new_order,
-                (
-                    Bound::Included(wdid(w, d, 0)),
-                    Bound::Excluded(wdid(w, d, edge)),
-                ),
-            )?;
-            if rows.is_empty() {
-                let (_, hi) = prefix_range(&dprefix(w, d));
-                rows = tx.scan(
-                    &self.new_order,
-                    (Bound::Included(wdid(w, d, edge).to_vec()), hi),
-                )?;
-            }
+            // The oldest new order: the district's first row, read (and locked, or
+            // validated) alone.
+            let rows = tx.scan_limit(&self.new_order, prefix_range(&dprefix(w, d)), 1)?;
             let Some((k, _)) = rows.first() else {
                 continue; // no undelivered order in this district: skipped
             };
             let o = id_at(k, 5);
-            hint.fetch_max(o, Ordering::Relaxed);
             tx.delete(&self.new_order, wdid(w, d, o))?;
             let ov = tx
                 .get(&self.orders, wdid(w, d, o))?

@@ -391,6 +391,7 @@ enum Name {
 
 /// The hash of a lock name from its kind, table and key bytes: the one hash of a lock id,
 /// for its shard and within the shard's table.
+#[inline]
 fn hash_parts(kind: u8, table: TableId, key: &[u8]) -> u64 {
     let mut h = FxHasher::default();
     h.write_u64(u64::from(kind) << 32 | u64::from(table));
@@ -398,6 +399,7 @@ fn hash_parts(kind: u8, table: TableId, key: &[u8]) -> u64 {
     h.finish()
 }
 
+#[inline]
 fn hash_id(id: &LockId) -> u64 {
     match id {
         LockId::Database => hash_parts(0, 0, &[]),
@@ -425,6 +427,7 @@ impl Name {
     }
 
     /// True when this is the name of `id`.
+    #[inline]
     fn is(&self, id: &LockId) -> bool {
         match (self, id) {
             (Name::Database, LockId::Database) => true,
@@ -465,7 +468,22 @@ struct Shard {
     retired_tag: u64,
 }
 
+/// A shard's table keeps room for this many locks however few it holds.
+const SHARD_ROOM: usize = 14;
+
 impl Shard {
+    /// After a queue was removed: a table that grew for a burst of locks (a bulk load
+    /// holds thousands at once) shrinks back once it is mostly empty, so its entries and
+    /// control bytes stay few and hot, rather than each new lock landing on a cold line of a
+    /// large, sparse table.
+    fn removed(&mut self) {
+        let cap = self.map.capacity();
+        if cap > SHARD_ROOM && self.map.len() * 8 < cap {
+            let room = SHARD_ROOM.max(self.map.len() * 2);
+            self.map.shrink_to(room, |e| e.name.hash());
+        }
+    }
+
     /// The queue of `id` (hash `h`).
     fn get(&self, h: u64, id: &LockId) -> Option<&Queue> {
         self.map.find(h, |e| e.name.is(id)).map(|e| &e.queue)
@@ -696,6 +714,7 @@ impl SimpleLockTable {
         if q.reqs().is_empty() {
             let (e, _) = slot.remove();
             shard.retired_tag = shard.retired_tag.max(e.queue.tag);
+            shard.removed();
         } else {
             self.after_change(q, true, graph, wake);
         }
@@ -1005,6 +1024,7 @@ impl LockTable for SimpleLockTable {
         if q.reqs().is_empty() {
             let (e, _) = slot.remove();
             sh.retired_tag = sh.retired_tag.max(e.queue.tag);
+            sh.removed();
         } else {
             self.after_change(q, had_waiters, &mut graph, &mut wake);
         }
@@ -1575,5 +1595,9 @@ mod tests {
         t.unlock(1, &LockId::NegInf(3));
         t.unlock(1, &LockId::Database);
         assert_eq!(t.queue_count(), 0);
+        // The shards that grew for the burst shrank back.
+        for s in t.shards.iter() {
+            assert!(s.lock().map.capacity() <= SHARD_ROOM);
+        }
     }
 }

@@ -39,7 +39,129 @@ pub enum LockId {
     /// the table's first key (key-range modes).
     NegInf(TableId),
     /// A key value of a table (key-range modes).
-    Key(TableId, Box<[u8]>),
+    Key(TableId, LockKey),
+}
+
+/// The key bytes of a [`LockId::Key`]: a key of up to [`LockKey::INLINE`] bytes is stored
+/// inline, a longer one boxed, so naming the lock of a short key allocates nothing. Compares,
+/// orders and hashes as its bytes.
+///
+/// ```
+/// use shoal::lock::{LockId, LockKey};
+/// let k = LockId::Key(1, b"key".as_slice().into());
+/// assert_eq!(k, LockId::Key(1, LockKey::from(b"key".to_vec())));
+/// let LockId::Key(_, bytes) = &k else { unreachable!() };
+/// assert_eq!(&bytes[..], b"key");
+/// ```
+#[derive(Clone)]
+pub struct LockKey(KeyRepr);
+
+#[derive(Clone)]
+enum KeyRepr {
+    Inline(u8, [u8; LockKey::INLINE]),
+    Boxed(Box<[u8]>),
+}
+
+impl LockKey {
+    /// The longest key stored inline.
+    pub const INLINE: usize = 22;
+
+    /// The key's bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        match &self.0 {
+            KeyRepr::Inline(n, b) => &b[..usize::from(*n)],
+            KeyRepr::Boxed(b) => b,
+        }
+    }
+
+    /// The key's bytes, boxed (moved out when they already are).
+    pub fn into_boxed(self) -> Box<[u8]> {
+        match self.0 {
+            KeyRepr::Inline(n, b) => Box::from(&b[..usize::from(n)]),
+            KeyRepr::Boxed(b) => b,
+        }
+    }
+
+    fn inline(k: &[u8]) -> Option<LockKey> {
+        let n = u8::try_from(k.len())
+            .ok()
+            .filter(|&n| usize::from(n) <= Self::INLINE)?;
+        let mut b = [0u8; Self::INLINE];
+        b[..k.len()].copy_from_slice(k);
+        Some(LockKey(KeyRepr::Inline(n, b)))
+    }
+}
+
+impl std::ops::Deref for LockKey {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.as_bytes()
+    }
+}
+
+impl std::ops::DerefMut for LockKey {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        match &mut self.0 {
+            KeyRepr::Inline(n, b) => &mut b[..usize::from(*n)],
+            KeyRepr::Boxed(b) => b,
+        }
+    }
+}
+
+impl From<&[u8]> for LockKey {
+    fn from(k: &[u8]) -> Self {
+        LockKey::inline(k).unwrap_or_else(|| LockKey(KeyRepr::Boxed(Box::from(k))))
+    }
+}
+
+impl<const N: usize> From<&[u8; N]> for LockKey {
+    fn from(k: &[u8; N]) -> Self {
+        LockKey::from(&k[..])
+    }
+}
+
+impl From<Box<[u8]>> for LockKey {
+    fn from(k: Box<[u8]>) -> Self {
+        LockKey::inline(&k).unwrap_or(LockKey(KeyRepr::Boxed(k)))
+    }
+}
+
+impl From<Vec<u8>> for LockKey {
+    fn from(k: Vec<u8>) -> Self {
+        LockKey::inline(&k).unwrap_or_else(|| LockKey(KeyRepr::Boxed(k.into_boxed_slice())))
+    }
+}
+
+impl PartialEq for LockKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_bytes() == other.as_bytes()
+    }
+}
+
+impl Eq for LockKey {}
+
+impl PartialOrd for LockKey {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for LockKey {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.as_bytes().cmp(other.as_bytes())
+    }
+}
+
+impl std::hash::Hash for LockKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_bytes().hash(state);
+    }
+}
+
+impl std::fmt::Debug for LockKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.as_bytes().fmt(f)
+    }
 }
 
 /// Why a lock request failed.
@@ -231,7 +353,46 @@ pub struct LockTableFootprint {
 
 #[cfg(test)]
 mod tests {
+    use std::hash::BuildHasher;
+
     use super::*;
+
+    #[test]
+    fn lock_keys_inline_or_boxed_compare_as_bytes() {
+        assert_eq!(std::mem::size_of::<LockId>(), 32);
+        let long = [5u8; LockKey::INLINE + 1];
+        for k in [
+            &b""[..],
+            b"\0",
+            b"ab",
+            &long[..LockKey::INLINE],
+            &long[..],
+            &[9; 300],
+        ] {
+            let a = LockKey::from(k);
+            assert_eq!(&a[..], k);
+            assert!(matches!(a.0, KeyRepr::Inline(..)) == (k.len() <= LockKey::INLINE));
+            for b in [
+                LockKey::from(k.to_vec()),
+                LockKey::from(Box::<[u8]>::from(k)),
+                a.clone(),
+            ] {
+                assert_eq!(a, b);
+                assert_eq!(a.cmp(&b), std::cmp::Ordering::Equal);
+                let h = |x: &LockKey| rustc_hash::FxBuildHasher.hash_one(x);
+                assert_eq!(h(&a), h(&b));
+                assert_eq!(h(&a), rustc_hash::FxBuildHasher.hash_one(k));
+            }
+            assert_eq!(&*a.clone().into_boxed(), k);
+            assert_eq!(format!("{a:?}"), format!("{k:?}"));
+        }
+        let (a, b) = (LockKey::from(&b"ab"[..]), LockKey::from(&long[..]));
+        assert!(a < LockKey::from(&b"abc"[..]) && LockKey::from(&b"b"[..]) > b);
+        let mut m = b.clone();
+        m[0] = 1;
+        assert_eq!(m[0], 1);
+        assert_ne!(m, b);
+    }
 
     #[test]
     fn coarser_key_range_designs_never_weaken_a_request() {

@@ -492,7 +492,7 @@ fn timeout_policy_breaks_deadlock_by_timeout<T: Table>() {
 
 fn many_keys_queue_count<T: Table>() {
     let t = table::<T>(DeadlockPolicy::WaitForGraph);
-    let k = |i: u32| LockId::Key(i % 7, i.to_le_bytes().to_vec().into());
+    let k = |i: u32| LockId::Key(i % 7, i.to_le_bytes().to_vec().into_boxed_slice());
     for i in 0..2000u32 {
         t.lock(u64::from(i % 3), &k(i), XN, LONG).unwrap();
     }
@@ -776,7 +776,7 @@ fn lock_heads_stay_bounded_over_fresh_ids() {
                         let fresh: Vec<LockId> = (0..FRESH_PER_TXN)
                             .map(|i| {
                                 let n = txn * FRESH_PER_TXN + i;
-                                LockId::Key(2, n.to_be_bytes().to_vec().into())
+                                LockId::Key(2, n.to_be_bytes().to_vec().into_boxed_slice())
                             })
                             .collect();
                         for id in &fresh {

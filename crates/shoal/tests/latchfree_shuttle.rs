@@ -76,7 +76,7 @@ fn small_table() -> Arc<LatchFreeLockTable> {
 }
 
 fn key(k: u8) -> LockId {
-    LockId::Key(1, vec![k].into())
+    LockId::Key(1, vec![k].into_boxed_slice())
 }
 
 /// Writers add 1 << 32 to the key's in-section counter, readers add 1.

@@ -6,16 +6,15 @@
 //!   within a window of the shards that depends on the table for key locks (see `shard`).
 //!   The id is hashed once: the same hash picks the shard and probes the shard's table.
 //!   An uncontended acquire or release is one shard mutex plus one hash lookup. An entry
-//!   (the lock's name and its queue) is one cache line: a key of up to
-//!   [`LockKey::INLINE`](super::LockKey::INLINE) bytes is inline in the name (a longer one is
-//!   boxed), and the queue's first request lives in the entry, so an uncontended lock on a
-//!   short key allocates nothing and touches one line of the table besides the probe. A
-//!   request records only what every policy needs: the thread handle of a waiting request,
-//!   and the queue's second and later requests, live in a separate allocation made when a
-//!   second request arrives; the age and flush-pipeline length of a request are read
+//!   (the lock's name and its queue) is one cache line: a key of up to [`INLINE_KEY`] bytes
+//!   is copied into it (a longer one is boxed), and the queue's first request lives in it, so
+//!   an uncontended lock allocates nothing and touches one line of the table besides the
+//!   probe. A request records only what every policy needs; the thread handle of a waiting
+//!   request, and the queue's second and later requests, live in a separate allocation made
+//!   when a second request arrives; the age and flush-pipeline length of a request are read
 //!   (thread-locals) only under the policies that decide by them (wait-die, wound-wait,
 //!   Dreadlocks). A queue is removed as soon as it holds no request, so memory stays bounded
-//!   by the live requests; a shard's table shrinks back once mostly empty.
+//!   by the live requests.
 //! * **Queues and grants.** Requests are kept in arrival order, each with a granted mode (`N`
 //!   while a new request waits) and a requested mode. Grants follow Kimura et al. 2012 §4.2:
 //!   a *new* request is granted iff its mode is compatible with every other request's granted
@@ -88,6 +87,9 @@ pub const SPIN_BEFORE_PARK: Duration = Duration::from_micros(20);
 
 /// Spin-loop hints between two checks of the grant while spinning.
 const SPIN_STEP: u32 = 64;
+
+/// Longest key (in bytes) whose lock name is stored in its entry without an allocation.
+pub const INLINE_KEY: usize = 16;
 
 /// One transaction's request on one lock.
 #[derive(Clone, Copy)]
@@ -376,6 +378,19 @@ fn find_cycle(graph: &Graph, txn: TxnId) -> Option<TxnId> {
     None
 }
 
+/// A lock name as an entry stores it: a short key inline, a longer one boxed.
+enum Name {
+    Database,
+    Table(TableId),
+    NegInf(TableId),
+    /// A key of at most [`INLINE_KEY`] bytes: its length and bytes.
+    Short(TableId, u8, [u8; INLINE_KEY]),
+    /// A longer key.
+    Long(TableId, Box<[u8]>),
+}
+
+/// The hash of a lock name from its kind, table and key bytes: the one hash of a lock id,
+/// for its shard and within the shard's table.
 #[inline]
 fn hash_parts(kind: u8, table: TableId, key: &[u8]) -> u64 {
     let mut h = FxHasher::default();
@@ -394,11 +409,51 @@ fn hash_id(id: &LockId) -> u64 {
     }
 }
 
+impl Name {
+    fn of(id: &LockId) -> Name {
+        match id {
+            LockId::Database => Name::Database,
+            LockId::Table(t) => Name::Table(*t),
+            LockId::NegInf(t) => Name::NegInf(*t),
+            LockId::Key(t, k) => match u8::try_from(k.len()) {
+                Ok(n) if k.len() <= INLINE_KEY => {
+                    let mut b = [0u8; INLINE_KEY];
+                    b[..k.len()].copy_from_slice(k);
+                    Name::Short(*t, n, b)
+                }
+                _ => Name::Long(*t, k.clone()),
+            },
+        }
+    }
+
+    /// True when this is the name of `id`.
+    #[inline]
+    fn is(&self, id: &LockId) -> bool {
+        match (self, id) {
+            (Name::Database, LockId::Database) => true,
+            (Name::Table(a), LockId::Table(b)) | (Name::NegInf(a), LockId::NegInf(b)) => a == b,
+            (Name::Short(a, n, b), LockId::Key(t, k)) => a == t && b[..usize::from(*n)] == k[..],
+            (Name::Long(a, b), LockId::Key(t, k)) => a == t && b == k,
+            _ => false,
+        }
+    }
+
+    /// [`hash_id`] of the id this names.
+    fn hash(&self) -> u64 {
+        match self {
+            Name::Database => hash_parts(0, 0, &[]),
+            Name::Table(t) => hash_parts(1, *t, &[]),
+            Name::NegInf(t) => hash_parts(2, *t, &[]),
+            Name::Short(t, n, b) => hash_parts(3, *t, &b[..usize::from(*n)]),
+            Name::Long(t, k) => hash_parts(3, *t, k),
+        }
+    }
+}
+
 /// One lock of a shard: its name and its queue, in one cache line.
 #[repr(align(64))]
 struct Entry {
-    /// A key of up to [`LockKey::INLINE`](super::LockKey::INLINE) bytes is stored inline.
-    name: LockId,
+    name: Name,
     queue: Queue,
 }
 
@@ -425,18 +480,18 @@ impl Shard {
         let cap = self.map.capacity();
         if cap > SHARD_ROOM && self.map.len() * 8 < cap {
             let room = SHARD_ROOM.max(self.map.len() * 2);
-            self.map.shrink_to(room, |e| hash_id(&e.name));
+            self.map.shrink_to(room, |e| e.name.hash());
         }
     }
 
     /// The queue of `id` (hash `h`).
     fn get(&self, h: u64, id: &LockId) -> Option<&Queue> {
-        self.map.find(h, |e| e.name == *id).map(|e| &e.queue)
+        self.map.find(h, |e| e.name.is(id)).map(|e| &e.queue)
     }
 
     fn get_mut(&mut self, h: u64, id: &LockId) -> Option<&mut Queue> {
         self.map
-            .find_mut(h, |e| e.name == *id)
+            .find_mut(h, |e| e.name.is(id))
             .map(|e| &mut e.queue)
     }
 }
@@ -634,7 +689,7 @@ impl SimpleLockTable {
         graph: &mut Option<MutexGuard<'a, Graph>>,
         wake: &mut Wakeups,
     ) {
-        let Ok(mut slot) = shard.map.find_entry(h, |e| e.name == *id) else {
+        let Ok(mut slot) = shard.map.find_entry(h, |e| e.name.is(id)) else {
             unreachable!("queue of a waiting request");
         };
         let q = &mut slot.get_mut().queue;
@@ -676,14 +731,14 @@ impl SimpleLockTable {
         let h = hash_id(id);
         let mut shard = self.shard_of(h, id).lock();
         let sh = &mut *shard;
-        let q = match sh.map.entry(h, |e| e.name == *id, |e| hash_id(&e.name)) {
+        let q = match sh.map.entry(h, |e| e.name.is(id), |e| e.name.hash()) {
             Slot::Occupied(o) => &mut o.into_mut().queue,
             Slot::Vacant(v) => {
                 if mode == LockMode::N {
                     return Ok(LockMode::N);
                 }
                 v.insert(Entry {
-                    name: id.clone(),
+                    name: Name::of(id),
                     queue: Queue {
                         reqs: Reqs::One(self.request(txn, mode)),
                         tag: 0,
@@ -946,7 +1001,7 @@ impl LockTable for SimpleLockTable {
         let h = hash_id(id);
         let mut shard = self.shard_of(h, id).lock();
         let sh = &mut *shard;
-        let Ok(mut slot) = sh.map.find_entry(h, |e| e.name == *id) else {
+        let Ok(mut slot) = sh.map.find_entry(h, |e| e.name.is(id)) else {
             return;
         };
         let q = &mut slot.get_mut().queue;
@@ -1000,7 +1055,6 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use super::*;
-    use crate::lock::LockKey;
     use LockMode::*;
 
     fn shard_index(t: &SimpleLockTable, id: &LockId) -> usize {
@@ -1040,16 +1094,13 @@ mod tests {
         }
         // The one-shard table has nothing to choose from.
         let one = SimpleLockTable::with_shards(DeadlockPolicy::WaitForGraph, 1);
-        assert_eq!(
-            shard_index(&one, &LockId::Key(3, LockKey::from(&b"k"[..]))),
-            0
-        );
+        assert_eq!(shard_index(&one, &LockId::Key(3, Box::from(&b"k"[..]))), 0);
     }
 
     const LONG: Duration = Duration::from_secs(10);
 
     fn key(k: u8) -> LockId {
-        LockId::Key(1, vec![k].into())
+        LockId::Key(1, vec![k].into_boxed_slice())
     }
 
     fn wait_until(what: &str, cond: impl Fn() -> bool) {
@@ -1472,23 +1523,23 @@ mod tests {
 
     #[test]
     fn inline_and_boxed_key_names_lock_apart() {
-        // Keys up to LockKey::INLINE bytes are stored in the entry, longer ones boxed; names of
+        // Keys up to INLINE_KEY bytes are stored in the entry, longer ones boxed; names of
         // every kind that share a table id, and keys that are prefixes of each other, are
         // distinct locks either way.
         let t = table(DeadlockPolicy::WaitForGraph);
-        let long = vec![7u8; LockKey::INLINE + 1];
+        let long = vec![7u8; INLINE_KEY + 1];
         let ids = [
             LockId::Database,
             LockId::Table(2),
             LockId::NegInf(2),
-            LockId::Key(2, LockKey::from(&[][..])),
-            LockId::Key(2, LockKey::from(&[0u8][..])),
-            LockId::Key(2, LockKey::from(&long[..LockKey::INLINE - 1])),
-            LockId::Key(2, LockKey::from(&long[..LockKey::INLINE])),
-            LockId::Key(2, long.clone().into()),
-            LockId::Key(2, vec![7u8; 3 * LockKey::INLINE].into()),
-            LockId::Key(3, long.clone().into()),
-            LockId::Key(3, LockKey::from(&long[..LockKey::INLINE])),
+            LockId::Key(2, Box::from(&[][..])),
+            LockId::Key(2, Box::from(&[0u8][..])),
+            LockId::Key(2, Box::from(&long[..INLINE_KEY - 1])),
+            LockId::Key(2, Box::from(&long[..INLINE_KEY])),
+            LockId::Key(2, long.clone().into_boxed_slice()),
+            LockId::Key(2, vec![7u8; 3 * INLINE_KEY].into_boxed_slice()),
+            LockId::Key(3, long.clone().into_boxed_slice()),
+            LockId::Key(3, Box::from(&long[..INLINE_KEY])),
         ];
         for (i, id) in ids.iter().enumerate() {
             assert_eq!(t.lock(i as TxnId + 1, id, X, LONG), Ok(X), "{id:?}");
@@ -1531,14 +1582,14 @@ mod tests {
     fn many_keys_queue_count() {
         let t = table(DeadlockPolicy::WaitForGraph);
         for i in 0..2000u32 {
-            let k = LockId::Key(i % 7, i.to_le_bytes().to_vec().into());
+            let k = LockId::Key(i % 7, i.to_le_bytes().to_vec().into_boxed_slice());
             t.lock(u64::from(i % 3), &k, XN, LONG).unwrap();
         }
         t.lock(1, &LockId::NegInf(3), NS, LONG).unwrap();
         t.lock(1, &LockId::Database, IX, LONG).unwrap();
         assert_eq!(t.queue_count(), 2002);
         for i in 0..2000u32 {
-            let k = LockId::Key(i % 7, i.to_le_bytes().to_vec().into());
+            let k = LockId::Key(i % 7, i.to_le_bytes().to_vec().into_boxed_slice());
             t.unlock(u64::from(i % 3), &k);
         }
         t.unlock(1, &LockId::NegInf(3));

@@ -217,8 +217,8 @@ fn remove_if_free(
     table: &Table,
     key: Box<[u8]>,
 ) -> Option<Box<[u8]>> {
-    // The lock name owns the key (a long one without a second copy).
-    let id = LockId::Key(table.inner.id, key.into());
+    // The lock name owns the key: no second copy.
+    let id = LockId::Key(table.inner.id, key);
     let LockId::Key(_, k) = &id else {
         return None;
     };
@@ -233,7 +233,7 @@ fn remove_if_free(
         }
     });
     match id {
-        LockId::Key(_, k) if busy => Some(k.into_boxed()),
+        LockId::Key(_, k) if busy => Some(k),
         _ => None,
     }
 }

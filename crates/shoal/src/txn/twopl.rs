@@ -841,7 +841,7 @@ fn key_id(cx: &Ctx<'_>, slot: u16, key: &[u8]) -> LockId {
 fn gap_id(cx: &Ctx<'_>, slot: u16, prior: Option<Vec<u8>>) -> LockId {
     let tid = cx.table(slot).inner.id;
     match prior {
-        Some(k) => LockId::Key(tid, k.into()),
+        Some(k) => LockId::Key(tid, k.into_boxed_slice()),
         None => LockId::NegInf(tid),
     }
 }

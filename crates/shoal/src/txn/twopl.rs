@@ -119,12 +119,38 @@ pub(super) fn undo_writes(
     }
 }
 
+thread_local! {
+    /// The `held` map of this thread's last finished transaction, emptied, kept for the next
+    /// one: a transaction that takes hundreds of locks then does not grow (and rehash) its
+    /// map from nothing every time.
+    static SPARE_HELD: std::cell::Cell<FxHashMap<LockId, LockMode>> =
+        std::cell::Cell::new(FxHashMap::default());
+}
+
+/// Largest `held` map (in locks it has room for) kept for the next transaction.
+const SPARE_HELD_ROOM: usize = 1024;
+
+impl Drop for TwoPl {
+    fn drop(&mut self) {
+        if self.held.capacity() <= SPARE_HELD_ROOM {
+            let mut held = std::mem::take(&mut self.held);
+            held.clear();
+            // `try_with`: nothing to keep during thread teardown.
+            let _ = SPARE_HELD.try_with(|s| s.set(held));
+        }
+    }
+}
+
 impl TwoPl {
     pub(super) fn new(inner: &DbInner, locking: bool) -> TwoPl {
         TwoPl {
             locking,
             timeout: inner.opts.lock_timeout,
-            held: FxHashMap::default(),
+            held: if locking {
+                SPARE_HELD.try_with(|s| s.take()).unwrap_or_default()
+            } else {
+                FxHashMap::default()
+            },
             intents: PrivateIntents::default(),
             undo: Vec::new(),
             ghosts: Vec::new(),

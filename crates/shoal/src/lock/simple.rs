@@ -1,14 +1,20 @@
 //! The simple lock table of the engine-core issue: a sharded hash table from [`LockId`] to a
 //! FIFO request queue, one mutex per shard.
 //!
-//! * **Sharding.** [`SHARD_COUNT`] shards, each a cache-padded `parking_lot::Mutex` around an
-//!   `FxHashMap<LockId, Queue>`; the shard is picked by a (re-mixed) Fx hash of the lock id,
+//! * **Sharding.** [`SHARD_COUNT`] shards, each a cache-padded `parking_lot::Mutex` around a
+//!   hash table of lock entries; the shard is picked by a (re-mixed) Fx hash of the lock id,
 //!   within a window of the shards that depends on the table for key locks (see `shard`).
-//!   An uncontended acquire or release is one shard mutex plus one hash lookup; creating a queue
-//!   clones the `LockId`. The first [`INLINE_REQUESTS`] requests of a queue live in the hash
-//!   table's entry itself, so an uncontended lock allocates nothing more and reads no other
-//!   memory. A queue is removed as soon as it holds no request, so memory stays bounded by the
-//!   live requests.
+//!   The id is hashed once: the same hash picks the shard and probes the shard's table.
+//!   An uncontended acquire or release is one shard mutex plus one hash lookup. An entry
+//!   (the lock's name and its queue) is one cache line: a key of up to [`INLINE_KEY`] bytes
+//!   is copied into it (a longer one is boxed), and the queue's first request lives in it, so
+//!   an uncontended lock allocates nothing and touches one line of the table besides the
+//!   probe. A request records only what every policy needs; the thread handle of a waiting
+//!   request, and the queue's second and later requests, live in a separate allocation made
+//!   when a second request arrives; the age and flush-pipeline length of a request are read
+//!   (thread-locals) only under the policies that decide by them (wait-die, wound-wait,
+//!   Dreadlocks). A queue is removed as soon as it holds no request, so memory stays bounded
+//!   by the live requests.
 //! * **Queues and grants.** Requests are kept in arrival order, each with a granted mode (`N`
 //!   while a new request waits) and a requested mode. Grants follow Kimura et al. 2012 §4.2:
 //!   a *new* request is granted iff its mode is compatible with every other request's granted
@@ -16,7 +22,7 @@
 //!   *conversion* (the transaction already holds the lock; the target is the supremum of held
 //!   and asked) is granted iff compatible with every other request's granted mode. A waiting
 //!   conversion keeps its place, so later new requests treat its requested mode as blocking.
-//! * **Waiting.** A blocked caller stores its thread handle in its request, checks for a
+//! * **Waiting.** A blocked caller stores its thread handle with its queue, checks for a
 //!   deadlock, spins for up to [`SPIN_BEFORE_PARK`] re-checking its grant, and then parks with
 //!   `std::thread::park_timeout`, rechecking its `waiting` flag under the shard mutex after
 //!   every wake-up (spurious wake-ups are harmless; the park token rules out lost ones). Every
@@ -50,18 +56,18 @@
 //! before, including its old mode on the lock it tried to convert; the caller aborts it and
 //! `unlock`s each of them. `unlock` releases the whole request (there is no downgrade).
 
-use std::hash::BuildHasher;
+use std::hash::Hasher;
 use std::thread::{self, Thread};
 use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
+use hashbrown::hash_table::{Entry as Slot, HashTable};
 use parking_lot::{Mutex, MutexGuard};
-use rustc_hash::{FxBuildHasher, FxHashMap, FxHashSet};
-use smallvec::SmallVec;
+use rustc_hash::{FxHashMap, FxHashSet, FxHasher};
 
 use super::deadlock::{Blocker, Deadlocks, Decision};
 use super::dread::{age_of, pipeline_len};
-use super::{DeadlockPolicy, LockFailure, LockId, LockMode, LockTable, TxnId, Victim};
+use super::{DeadlockPolicy, LockFailure, LockId, LockMode, LockTable, TableId, TxnId, Victim};
 
 const SHARD_BITS: u32 = 9;
 
@@ -82,12 +88,20 @@ pub const SPIN_BEFORE_PARK: Duration = Duration::from_micros(20);
 /// Spin-loop hints between two checks of the grant while spinning.
 const SPIN_STEP: u32 = 64;
 
-/// Requests a queue holds without a heap allocation.
-pub const INLINE_REQUESTS: usize = 2;
+/// Longest key (in bytes) whose lock name is stored in its entry without an allocation.
+pub const INLINE_KEY: usize = 16;
 
 /// One transaction's request on one lock.
+#[derive(Clone, Copy)]
 struct Request {
     txn: TxnId,
+    /// The transaction's age, the timestamp of wait-die and wound-wait (see `dread::set_age`).
+    /// Recorded only under the policies that read it ([`Deadlocks::needs_blocker_ages`]);
+    /// else the id.
+    age: TxnId,
+    /// The requesting thread's flush-pipeline length when it asked (victim policies).
+    /// Recorded only under the policies that read it; else 0.
+    pipe: u32,
     /// Mode held (`N` while a new request waits).
     granted: LockMode,
     /// Mode asked for; equals `granted` unless waiting.
@@ -95,34 +109,37 @@ struct Request {
     waiting: bool,
     /// The waits-for graph holds an entry for `txn` written by this request.
     in_graph: bool,
-    /// The waiting thread, unparked when the request is granted.
-    thread: Option<Thread>,
-    /// The transaction's age, the timestamp of wait-die and wound-wait (see `dread::set_age`).
-    age: TxnId,
-    /// The requesting thread's flush-pipeline length when it asked (victim policies).
-    pipe: u32,
 }
 
-impl Request {
-    fn granted(txn: TxnId, mode: LockMode) -> Self {
-        Request {
-            txn,
-            granted: mode,
-            requested: mode,
-            waiting: false,
-            in_graph: false,
-            thread: None,
-            age: age_of(txn),
-            pipe: pipeline_len().min(u32::MAX as u64) as u32,
-        }
+/// The requests of a queue that has had more than one at a time (a waiting request always
+/// has another one ahead of it, so only these queues ever have waiters).
+#[derive(Default)]
+struct Crowd {
+    reqs: Vec<Request>,
+    /// Number of requests with `waiting` set.
+    waiting: u32,
+    /// The threads of the waiting requests, unparked when they are granted.
+    threads: Vec<(TxnId, Thread)>,
+}
+
+impl Crowd {
+    fn take_thread(&mut self, txn: TxnId) -> Option<Thread> {
+        let i = self.threads.iter().position(|&(t, _)| t == txn)?;
+        Some(self.threads.swap_remove(i).1)
     }
 }
 
 /// The requests on one lock, in arrival order.
+enum Reqs {
+    Empty,
+    /// The one request of an uncontended lock, inline in the entry.
+    One(Request),
+    Many(Box<Crowd>),
+}
+
+/// The queue of one lock.
 struct Queue {
-    reqs: SmallVec<[Request; INLINE_REQUESTS]>,
-    /// Number of requests with `waiting` set.
-    waiting: u32,
+    reqs: Reqs,
     /// Highest commit LSN of an early-released exclusive lock (safe SX-ELR, Kimura §5.3).
     tag: u64,
 }
@@ -154,13 +171,95 @@ impl Wakeups {
 }
 
 impl Queue {
+    fn reqs(&self) -> &[Request] {
+        match &self.reqs {
+            Reqs::Empty => &[],
+            Reqs::One(r) => std::slice::from_ref(r),
+            Reqs::Many(c) => &c.reqs,
+        }
+    }
+
+    fn reqs_mut(&mut self) -> &mut [Request] {
+        match &mut self.reqs {
+            Reqs::Empty => &mut [],
+            Reqs::One(r) => std::slice::from_mut(r),
+            Reqs::Many(c) => &mut c.reqs,
+        }
+    }
+
+    /// Number of requests with `waiting` set.
+    fn waiting(&self) -> u32 {
+        match &self.reqs {
+            Reqs::Many(c) => c.waiting,
+            _ => 0,
+        }
+    }
+
+    /// The queue's crowd, made (with the inline request moved into it) if it has none yet.
+    fn crowd(&mut self) -> &mut Crowd {
+        if !matches!(self.reqs, Reqs::Many(_)) {
+            let mut reqs = Vec::with_capacity(4);
+            if let Reqs::One(r) = self.reqs {
+                reqs.push(r);
+            }
+            self.reqs = Reqs::Many(Box::new(Crowd {
+                reqs,
+                ..Crowd::default()
+            }));
+        }
+        match &mut self.reqs {
+            Reqs::Many(c) => c,
+            _ => unreachable!("the crowd was just made"),
+        }
+    }
+
+    /// Appends a granted request.
+    fn push(&mut self, r: Request) {
+        debug_assert!(!r.waiting);
+        if let Reqs::Empty = self.reqs {
+            self.reqs = Reqs::One(r);
+        } else {
+            self.crowd().reqs.push(r);
+        }
+    }
+
+    /// Appends a waiting request of the thread `t`.
+    fn push_waiting(&mut self, r: Request, t: Thread) {
+        debug_assert!(r.waiting);
+        let c = self.crowd();
+        c.reqs.push(r);
+        c.threads.push((r.txn, t));
+        c.waiting += 1;
+    }
+
+    /// Removes the request at `p`; returns it and its thread if it waited.
+    fn remove(&mut self, p: usize) -> (Request, Option<Thread>) {
+        match &mut self.reqs {
+            Reqs::Many(c) => {
+                let r = c.reqs.remove(p);
+                let t = if r.waiting {
+                    c.waiting -= 1;
+                    c.take_thread(r.txn)
+                } else {
+                    None
+                };
+                (r, t)
+            }
+            _ => {
+                let r = self.reqs()[p];
+                self.reqs = Reqs::Empty;
+                (r, None)
+            }
+        }
+    }
+
     fn position(&self, txn: TxnId) -> Option<usize> {
-        self.reqs.iter().position(|r| r.txn == txn)
+        self.reqs().iter().position(|r| r.txn == txn)
     }
 
     /// Mask of the granted modes of all requests but `skip`.
     fn granted_mask_except(&self, skip: usize) -> u16 {
-        self.reqs
+        self.reqs()
             .iter()
             .enumerate()
             .filter(|&(j, _)| j != skip)
@@ -170,16 +269,17 @@ impl Queue {
     /// Mask of the modes blocking a new request appended at the tail: every granted mode and
     /// every waiting request's requested mode.
     fn tail_blocking_mask(&self) -> u16 {
-        self.reqs.iter().fold(0, |m, r| {
+        self.reqs().iter().fold(0, |m, r| {
             m | r.granted.bit() | if r.waiting { r.requested.bit() } else { 0 }
         })
     }
 
     /// The transactions blocking the waiting request at `i`.
     fn blockers(&self, i: usize) -> impl Iterator<Item = TxnId> + '_ {
-        let me = &self.reqs[i];
+        let reqs = self.reqs();
+        let me = &reqs[i];
         let (m, new) = (me.requested, me.granted == LockMode::N);
-        self.reqs.iter().enumerate().filter_map(move |(j, o)| {
+        reqs.iter().enumerate().filter_map(move |(j, o)| {
             let blocks = j != i
                 && (!o.granted.compatible(m)
                     || (new && j < i && o.waiting && !o.requested.compatible(m)));
@@ -190,16 +290,24 @@ impl Queue {
     /// Grants every waiting request that can be granted now, in queue order; collects the
     /// threads to wake.
     fn grant_pass(&mut self, wake: &mut Wakeups) {
-        if self.waiting == 0 {
+        let Reqs::Many(c) = &mut self.reqs else {
+            return;
+        };
+        if c.waiting == 0 {
             return;
         }
+        let Crowd {
+            reqs,
+            waiting,
+            threads,
+        } = &mut **c;
         let mut counts = [0u32; LockMode::ALL.len()];
-        for r in &self.reqs {
+        for r in reqs.iter() {
             counts[r.granted as usize] += 1;
         }
         // Requested modes of the waiting requests seen so far.
         let mut ahead_waiting = 0u16;
-        for r in &mut self.reqs {
+        for r in reqs.iter_mut() {
             if !r.waiting {
                 continue;
             }
@@ -215,9 +323,9 @@ impl Queue {
             if r.requested.compatible_with_all(block) {
                 r.granted = r.requested;
                 r.waiting = false;
-                self.waiting -= 1;
-                if let Some(t) = r.thread.take() {
-                    wake.push(t);
+                *waiting -= 1;
+                if let Some(i) = threads.iter().position(|&(t, _)| t == r.txn) {
+                    wake.push(threads.swap_remove(i).1);
                 }
             } else {
                 ahead_waiting |= r.requested.bit();
@@ -229,16 +337,16 @@ impl Queue {
     /// Rewrites the waits-for edges of this queue's requests: waiting requests get their
     /// current blockers, requests that stopped waiting lose their entry.
     fn sync_graph(&mut self, graph: &mut Graph) {
-        for i in 0..self.reqs.len() {
-            let txn = self.reqs[i].txn;
-            if self.reqs[i].waiting {
-                let edges = graph.entry(txn).or_default();
+        for i in 0..self.reqs().len() {
+            let r = self.reqs()[i];
+            if r.waiting {
+                let edges = graph.entry(r.txn).or_default();
                 edges.clear();
                 edges.extend(self.blockers(i));
-                self.reqs[i].in_graph = true;
-            } else if self.reqs[i].in_graph {
-                graph.remove(&txn);
-                self.reqs[i].in_graph = false;
+                self.reqs_mut()[i].in_graph = true;
+            } else if r.in_graph {
+                graph.remove(&r.txn);
+                self.reqs_mut()[i].in_graph = false;
             }
         }
     }
@@ -270,20 +378,121 @@ fn find_cycle(graph: &Graph, txn: TxnId) -> Option<TxnId> {
     None
 }
 
+/// A lock name as an entry stores it: a short key inline, a longer one boxed.
+enum Name {
+    Database,
+    Table(TableId),
+    NegInf(TableId),
+    /// A key of at most [`INLINE_KEY`] bytes: its length and bytes.
+    Short(TableId, u8, [u8; INLINE_KEY]),
+    /// A longer key.
+    Long(TableId, Box<[u8]>),
+}
+
+/// The hash of a lock name from its kind, table and key bytes: the one hash of a lock id,
+/// for its shard and within the shard's table.
+#[inline]
+fn hash_parts(kind: u8, table: TableId, key: &[u8]) -> u64 {
+    let mut h = FxHasher::default();
+    h.write_u64(u64::from(kind) << 32 | u64::from(table));
+    h.write(key);
+    h.finish()
+}
+
+#[inline]
+fn hash_id(id: &LockId) -> u64 {
+    match id {
+        LockId::Database => hash_parts(0, 0, &[]),
+        LockId::Table(t) => hash_parts(1, *t, &[]),
+        LockId::NegInf(t) => hash_parts(2, *t, &[]),
+        LockId::Key(t, k) => hash_parts(3, *t, k),
+    }
+}
+
+impl Name {
+    fn of(id: &LockId) -> Name {
+        match id {
+            LockId::Database => Name::Database,
+            LockId::Table(t) => Name::Table(*t),
+            LockId::NegInf(t) => Name::NegInf(*t),
+            LockId::Key(t, k) => match u8::try_from(k.len()) {
+                Ok(n) if k.len() <= INLINE_KEY => {
+                    let mut b = [0u8; INLINE_KEY];
+                    b[..k.len()].copy_from_slice(k);
+                    Name::Short(*t, n, b)
+                }
+                _ => Name::Long(*t, k.clone()),
+            },
+        }
+    }
+
+    /// True when this is the name of `id`.
+    #[inline]
+    fn is(&self, id: &LockId) -> bool {
+        match (self, id) {
+            (Name::Database, LockId::Database) => true,
+            (Name::Table(a), LockId::Table(b)) | (Name::NegInf(a), LockId::NegInf(b)) => a == b,
+            (Name::Short(a, n, b), LockId::Key(t, k)) => a == t && b[..usize::from(*n)] == k[..],
+            (Name::Long(a, b), LockId::Key(t, k)) => a == t && b == k,
+            _ => false,
+        }
+    }
+
+    /// [`hash_id`] of the id this names.
+    fn hash(&self) -> u64 {
+        match self {
+            Name::Database => hash_parts(0, 0, &[]),
+            Name::Table(t) => hash_parts(1, *t, &[]),
+            Name::NegInf(t) => hash_parts(2, *t, &[]),
+            Name::Short(t, n, b) => hash_parts(3, *t, &b[..usize::from(*n)]),
+            Name::Long(t, k) => hash_parts(3, *t, k),
+        }
+    }
+}
+
+/// One lock of a shard: its name and its queue, in one cache line.
+#[repr(align(64))]
+struct Entry {
+    name: Name,
+    queue: Queue,
+}
+
+const _: () = assert!(std::mem::size_of::<Entry>() == 64);
+
 /// One shard: the queues of the locks hashed to it.
 #[derive(Default)]
 struct Shard {
-    map: FxHashMap<LockId, Queue>,
+    map: HashTable<Entry>,
     /// Highest tag of a queue removed from this shard: a tag must outlive its queue, so
     /// every lock of the shard reports at least this much afterwards (conservative).
     retired_tag: u64,
 }
 
+/// A shard's table keeps room for this many locks however few it holds.
+const SHARD_ROOM: usize = 14;
+
 impl Shard {
-    fn remove_queue(&mut self, id: &LockId) {
-        if let Some(q) = self.map.remove(id) {
-            self.retired_tag = self.retired_tag.max(q.tag);
+    /// After a queue was removed: a table that grew for a burst of locks (a bulk load
+    /// holds thousands at once) shrinks back once it is mostly empty, so its entries and
+    /// control bytes stay few and hot, rather than each new lock landing on a cold line of a
+    /// large, sparse table.
+    fn removed(&mut self) {
+        let cap = self.map.capacity();
+        if cap > SHARD_ROOM && self.map.len() * 8 < cap {
+            let room = SHARD_ROOM.max(self.map.len() * 2);
+            self.map.shrink_to(room, |e| e.name.hash());
         }
+    }
+
+    /// The queue of `id` (hash `h`).
+    fn get(&self, h: u64, id: &LockId) -> Option<&Queue> {
+        self.map.find(h, |e| e.name.is(id)).map(|e| &e.queue)
+    }
+
+    fn get_mut(&mut self, h: u64, id: &LockId) -> Option<&mut Queue> {
+        self.map
+            .find_mut(h, |e| e.name.is(id))
+            .map(|e| &mut e.queue)
     }
 }
 
@@ -294,6 +503,9 @@ pub struct SimpleLockTable {
     /// No-wait, wait-die, wound-wait and Dreadlocks (the waits-for graph is this table's).
     deadlocks: Deadlocks,
     policy: DeadlockPolicy,
+    /// Requests record their transaction's age and flush-pipeline length (the policy
+    /// decides by them: [`Deadlocks::needs_blocker_ages`]).
+    ages: bool,
     graph: Mutex<Graph>,
 }
 
@@ -327,12 +539,14 @@ impl SimpleLockTable {
     /// ```
     pub fn with_shards(policy: DeadlockPolicy, shards: usize) -> Self {
         let n = shards.max(1).next_power_of_two();
+        let deadlocks = Deadlocks::new(policy, Victim::KillYoung);
         SimpleLockTable {
             shards: (0..n)
                 .map(|_| CachePadded::new(Mutex::new(Shard::default())))
                 .collect(),
             shard_bits: n.trailing_zeros(),
-            deadlocks: Deadlocks::new(policy, Victim::KillYoung),
+            ages: deadlocks.needs_blocker_ages(),
+            deadlocks,
             policy,
             graph: Mutex::new(Graph::default()),
         }
@@ -370,29 +584,53 @@ impl SimpleLockTable {
 
     /// Number of requests currently waiting on `id` (diagnostics and tests).
     pub fn waiters(&self, id: &LockId) -> usize {
-        self.shard(id)
+        let h = hash_id(id);
+        self.shard_of(h, id)
             .lock()
-            .map
-            .get(id)
-            .map_or(0, |q| q.waiting as usize)
+            .get(h, id)
+            .map_or(0, |q| q.waiting() as usize)
     }
 
     /// The mode `txn` currently holds on `id` (`N` if none).
     pub fn held_mode(&self, txn: TxnId, id: &LockId) -> LockMode {
-        let shard = self.shard(id).lock();
+        let h = hash_id(id);
+        let shard = self.shard_of(h, id).lock();
         shard
-            .map
-            .get(id)
-            .and_then(|q| q.reqs.iter().find(|r| r.txn == txn))
+            .get(h, id)
+            .and_then(|q| q.reqs().iter().find(|r| r.txn == txn))
             .map_or(LockMode::N, |r| r.granted)
     }
 
+    /// A granted request of `txn` for `mode`, with the age and pipeline length the policy
+    /// needs.
+    fn request(&self, txn: TxnId, mode: LockMode) -> Request {
+        let (age, pipe) = if self.ages {
+            (age_of(txn), pipeline_len().min(u64::from(u32::MAX)) as u32)
+        } else {
+            (txn, 0)
+        };
+        Request {
+            txn,
+            age,
+            pipe,
+            granted: mode,
+            requested: mode,
+            waiting: false,
+            in_graph: false,
+        }
+    }
+
+    #[cfg(test)]
     fn shard(&self, id: &LockId) -> &Mutex<Shard> {
+        self.shard_of(hash_id(id), id)
+    }
+
+    /// The shard of `id`, whose hash is `h`.
+    fn shard_of(&self, h: u64, id: &LockId) -> &Mutex<Shard> {
         if self.shard_bits == 0 {
             return &self.shards[0];
         }
-        let h = FxBuildHasher.hash_one(id);
-        // Re-mix so the shard bits are independent of the bits the shard's map uses.
+        // Re-mix so the shard bits are independent of the bits the shard's table uses.
         let mixed = h.wrapping_mul(0x9E37_79B9_7F4A_7C15);
         let i = match id {
             // The keys of one table go to a window of the shards of its own (consecutive
@@ -424,7 +662,7 @@ impl SimpleLockTable {
         graph: &mut Option<MutexGuard<'a, Graph>>,
         wake: &mut Wakeups,
     ) {
-        if !had_waiters && q.waiting == 0 {
+        if !had_waiters && q.waiting() == 0 {
             return;
         }
         q.grant_pass(wake);
@@ -433,41 +671,50 @@ impl SimpleLockTable {
         }
         if matches!(self.policy, DeadlockPolicy::Dreadlocks(_)) {
             // Backoff at release (Kimura §4.2), see `Deadlocks::lock_changed`.
-            for r in &q.reqs {
+            for r in q.reqs() {
                 self.deadlocks.lock_changed(r.txn, r.waiting);
             }
         }
     }
 
-    /// Withdraws the waiting request at `p` of the queue of `id` (a conversion falls back to
-    /// its granted mode), grants what becomes grantable and drops an empty queue.
+    /// Withdraws the waiting request at `p` of the queue of `id` (hash `h`; a conversion
+    /// falls back to its granted mode), grants what becomes grantable and drops an empty
+    /// queue.
     fn withdraw<'a>(
         &'a self,
         shard: &mut Shard,
+        h: u64,
         id: &LockId,
         p: usize,
         graph: &mut Option<MutexGuard<'a, Graph>>,
         wake: &mut Wakeups,
     ) {
-        let q = shard.map.get_mut(id).expect("queue of a waiting request");
-        let r = &mut q.reqs[p];
+        let Ok(mut slot) = shard.map.find_entry(h, |e| e.name.is(id)) else {
+            unreachable!("queue of a waiting request");
+        };
+        let q = &mut slot.get_mut().queue;
+        let r = q.reqs()[p];
         debug_assert!(r.waiting);
-        q.waiting -= 1;
         if r.in_graph {
             graph
                 .get_or_insert_with(|| self.graph.lock())
                 .remove(&r.txn);
         }
         if r.granted == LockMode::N {
-            q.reqs.remove(p);
+            q.remove(p);
         } else {
+            let c = q.crowd();
+            c.waiting -= 1;
+            c.take_thread(r.txn);
+            let r = &mut c.reqs[p];
             r.requested = r.granted;
             r.waiting = false;
             r.in_graph = false;
-            r.thread = None;
         }
-        if q.reqs.is_empty() {
-            shard.remove_queue(id);
+        if q.reqs().is_empty() {
+            let (e, _) = slot.remove();
+            shard.retired_tag = shard.retired_tag.max(e.queue.tag);
+            shard.removed();
         } else {
             self.after_change(q, true, graph, wake);
         }
@@ -481,31 +728,31 @@ impl SimpleLockTable {
         mode: LockMode,
         timeout: Option<Duration>,
     ) -> Result<LockMode, LockFailure> {
-        let shard_mutex = self.shard(id);
-        let mut shard = shard_mutex.lock();
+        let h = hash_id(id);
+        let mut shard = self.shard_of(h, id).lock();
         let sh = &mut *shard;
-        let Some(q) = sh.map.get_mut(id) else {
-            if mode == LockMode::N {
-                return Ok(LockMode::N);
+        let q = match sh.map.entry(h, |e| e.name.is(id), |e| e.name.hash()) {
+            Slot::Occupied(o) => &mut o.into_mut().queue,
+            Slot::Vacant(v) => {
+                if mode == LockMode::N {
+                    return Ok(LockMode::N);
+                }
+                v.insert(Entry {
+                    name: Name::of(id),
+                    queue: Queue {
+                        reqs: Reqs::One(self.request(txn, mode)),
+                        tag: 0,
+                    },
+                });
+                return Ok(mode);
             }
-            let mut reqs = SmallVec::new();
-            reqs.push(Request::granted(txn, mode));
-            sh.map.insert(
-                id.clone(),
-                Queue {
-                    reqs,
-                    waiting: 0,
-                    tag: 0,
-                },
-            );
-            return Ok(mode);
         };
         match q.position(txn) {
             Some(p) => {
                 // Conversion.
-                let held = q.reqs[p].granted;
+                let held = q.reqs()[p].granted;
                 debug_assert!(
-                    !q.reqs[p].waiting,
+                    !q.reqs()[p].waiting,
                     "one lock call per transaction at a time"
                 );
                 if held.covers(mode) {
@@ -513,10 +760,10 @@ impl SimpleLockTable {
                 }
                 let target = held.supremum(mode);
                 if target.compatible_with_all(q.granted_mask_except(p)) {
-                    let r = &mut q.reqs[p];
+                    let r = &mut q.reqs_mut()[p];
                     r.granted = target;
                     r.requested = target;
-                    if q.waiting > 0 && self.uses_graph() {
+                    if q.waiting() > 0 && self.uses_graph() {
                         // The stronger granted mode may block more waiters.
                         q.sync_graph(&mut self.graph.lock());
                     }
@@ -525,11 +772,12 @@ impl SimpleLockTable {
                 if timeout.is_none() {
                     return Err(LockFailure::WouldBlock);
                 }
-                let r = &mut q.reqs[p];
+                let c = q.crowd();
+                let r = &mut c.reqs[p];
                 r.requested = target;
                 r.waiting = true;
-                r.thread = Some(thread::current());
-                q.waiting += 1;
+                c.threads.push((txn, thread::current()));
+                c.waiting += 1;
             }
             None => {
                 if mode == LockMode::N {
@@ -538,34 +786,28 @@ impl SimpleLockTable {
                 // A new granted request at the tail is compatible with every waiting request,
                 // so it blocks none of them: no graph update needed.
                 if mode.compatible_with_all(q.tail_blocking_mask()) {
-                    q.reqs.push(Request::granted(txn, mode));
+                    q.push(self.request(txn, mode));
                     return Ok(mode);
                 }
                 if timeout.is_none() {
                     return Err(LockFailure::WouldBlock);
                 }
-                q.reqs.push(Request {
-                    txn,
-                    granted: LockMode::N,
-                    requested: mode,
-                    waiting: true,
-                    in_graph: false,
-                    thread: Some(thread::current()),
-                    age: age_of(txn),
-                    pipe: pipeline_len().min(u32::MAX as u64) as u32,
-                });
-                q.waiting += 1;
+                let mut r = self.request(txn, mode);
+                r.granted = LockMode::N;
+                r.waiting = true;
+                q.push_waiting(r, thread::current());
             }
         }
-        self.wait(shard, txn, id, timeout.unwrap_or_default())
+        self.wait(shard, txn, h, id, timeout.unwrap_or_default())
     }
 
-    /// The blocking path: `txn`'s request on `id` is enqueued as waiting; wait for the grant,
-    /// a deadlock, or the timeout.
+    /// The blocking path: `txn`'s request on `id` (hash `h`) is enqueued as waiting; wait for
+    /// the grant, a deadlock, or the timeout.
     fn wait(
         &self,
         mut shard: MutexGuard<'_, Shard>,
         txn: TxnId,
+        h: u64,
         id: &LockId,
         timeout: Duration,
     ) -> Result<LockMode, LockFailure> {
@@ -573,25 +815,27 @@ impl SimpleLockTable {
             self.policy,
             DeadlockPolicy::WaitForGraph | DeadlockPolicy::Timeout
         ) {
-            return self.wait_prevent_or_dreadlocks(shard, txn, id, timeout);
+            return self.wait_prevent_or_dreadlocks(shard, txn, h, id, timeout);
         }
         let start = Instant::now();
         let mut first = true;
         loop {
             let sh = &mut *shard;
-            let Some(p) = sh.map.get_mut(id).and_then(|q| q.position(txn)) else {
+            let Some((q, p)) = sh
+                .get_mut(h, id)
+                .and_then(|q| q.position(txn).map(|p| (q, p)))
+            else {
                 // Our request was removed by a concurrent `unlock` of the same transaction.
                 return Err(LockFailure::Deadlock { blocker: None });
             };
-            let q = sh.map.get_mut(id).expect("queue exists");
-            if !q.reqs[p].waiting {
-                return Ok(q.reqs[p].granted);
+            if !q.reqs()[p].waiting {
+                return Ok(q.reqs()[p].granted);
             }
             let waited = start.elapsed();
             if waited >= timeout {
                 let blocker = q.blockers(p).next();
                 let (mut graph, mut wake) = (None, Wakeups::default());
-                self.withdraw(sh, id, p, &mut graph, &mut wake);
+                self.withdraw(sh, h, id, p, &mut graph, &mut wake);
                 drop(graph);
                 drop(shard);
                 wake.unpark_all();
@@ -605,7 +849,7 @@ impl SimpleLockTable {
                 }
                 if let Some(b) = find_cycle(&graph, txn) {
                     let (mut graph, mut wake) = (Some(graph), Wakeups::default());
-                    self.withdraw(sh, id, p, &mut graph, &mut wake);
+                    self.withdraw(sh, h, id, p, &mut graph, &mut wake);
                     drop(graph);
                     drop(shard);
                     wake.unpark_all();
@@ -626,9 +870,8 @@ impl SimpleLockTable {
                         }
                     });
                     let still_waiting = shard
-                        .map
-                        .get(id)
-                        .and_then(|q| q.position(txn).map(|p| q.reqs[p].waiting))
+                        .get(h, id)
+                        .and_then(|q| q.position(txn).map(|p| q.reqs()[p].waiting))
                         .unwrap_or(false);
                     if !still_waiting || Instant::now() >= until {
                         break;
@@ -653,6 +896,7 @@ impl SimpleLockTable {
         &self,
         mut shard: MutexGuard<'_, Shard>,
         txn: TxnId,
+        h: u64,
         id: &LockId,
         timeout: Duration,
     ) -> Result<LockMode, LockFailure> {
@@ -661,21 +905,23 @@ impl SimpleLockTable {
         let mut blockers: Vec<Blocker> = Vec::new();
         let result = loop {
             let sh = &mut *shard;
-            let Some(p) = sh.map.get_mut(id).and_then(|q| q.position(txn)) else {
+            let Some((q, p)) = sh
+                .get_mut(h, id)
+                .and_then(|q| q.position(txn).map(|p| (q, p)))
+            else {
                 break Err(LockFailure::Deadlock { blocker: None });
             };
-            let q = sh.map.get_mut(id).expect("queue exists");
-            if !q.reqs[p].waiting {
-                break Ok(q.reqs[p].granted);
+            let reqs = q.reqs();
+            if !reqs[p].waiting {
+                break Ok(reqs[p].granted);
             }
-            let wait = wait.get_or_insert_with(|| self.deadlocks.wait(txn, q.reqs[p].age));
+            let wait = wait.get_or_insert_with(|| self.deadlocks.wait(txn, reqs[p].age));
             blockers.clear();
             {
-                let m = q.reqs[p].requested;
-                let new = q.reqs[p].granted == LockMode::N;
+                let m = reqs[p].requested;
+                let new = reqs[p].granted == LockMode::N;
                 blockers.extend(
-                    q.reqs
-                        .iter()
+                    reqs.iter()
                         .enumerate()
                         .filter(|&(j, o)| {
                             j != p
@@ -702,7 +948,7 @@ impl SimpleLockTable {
             match decision {
                 Decision::Fail(f) => {
                     let (mut graph, mut wake) = (None, Wakeups::default());
-                    self.withdraw(sh, id, p, &mut graph, &mut wake);
+                    self.withdraw(sh, h, id, p, &mut graph, &mut wake);
                     drop(graph);
                     wait.retire();
                     drop(shard);
@@ -746,39 +992,39 @@ impl LockTable for SimpleLockTable {
     }
 
     fn tag(&self, id: &LockId) -> u64 {
-        let shard = self.shard(id).lock();
-        shard
-            .map
-            .get(id)
-            .map_or(0, |q| q.tag)
-            .max(shard.retired_tag)
+        let h = hash_id(id);
+        let shard = self.shard_of(h, id).lock();
+        shard.get(h, id).map_or(0, |q| q.tag).max(shard.retired_tag)
     }
 
     fn unlock_tagged(&self, txn: TxnId, id: &LockId, tag: u64) {
-        let mut shard = self.shard(id).lock();
+        let h = hash_id(id);
+        let mut shard = self.shard_of(h, id).lock();
         let sh = &mut *shard;
-        let Some(q) = sh.map.get_mut(id) else {
+        let Ok(mut slot) = sh.map.find_entry(h, |e| e.name.is(id)) else {
             return;
         };
+        let q = &mut slot.get_mut().queue;
         let Some(p) = q.position(txn) else {
             return;
         };
         q.tag = q.tag.max(tag);
-        let had_waiters = q.waiting > 0;
-        let r = q.reqs.remove(p);
+        let had_waiters = q.waiting() > 0;
+        let (r, thread) = q.remove(p);
         let (mut graph, mut wake) = (None, Wakeups::default());
         if r.waiting {
             // Misuse (another thread of `txn` is waiting here): let it notice.
-            q.waiting -= 1;
             if r.in_graph {
                 graph.get_or_insert_with(|| self.graph.lock()).remove(&txn);
             }
-            if let Some(t) = r.thread {
+            if let Some(t) = thread {
                 wake.push(t);
             }
         }
-        if q.reqs.is_empty() {
-            sh.remove_queue(id);
+        if q.reqs().is_empty() {
+            let (e, _) = slot.remove();
+            sh.retired_tag = sh.retired_tag.max(e.queue.tag);
+            sh.removed();
         } else {
             self.after_change(q, had_waiters, &mut graph, &mut wake);
         }
@@ -788,7 +1034,8 @@ impl LockTable for SimpleLockTable {
     }
 
     fn is_free(&self, id: &LockId) -> bool {
-        !self.shard(id).lock().map.contains_key(id)
+        let h = hash_id(id);
+        self.shard_of(h, id).lock().get(h, id).is_none()
     }
 
     fn footprint(&self) -> super::LockTableFootprint {
@@ -796,7 +1043,7 @@ impl LockTable for SimpleLockTable {
         for s in self.shards.iter() {
             let s = s.lock();
             f.heads += s.map.len();
-            f.entries += s.map.values().map(|q| q.reqs.len()).sum::<usize>();
+            f.entries += s.map.iter().map(|e| e.queue.reqs().len()).sum::<usize>();
         }
         f
     }
@@ -1275,6 +1522,63 @@ mod tests {
     }
 
     #[test]
+    fn inline_and_boxed_key_names_lock_apart() {
+        // Keys up to INLINE_KEY bytes are stored in the entry, longer ones boxed; names of
+        // every kind that share a table id, and keys that are prefixes of each other, are
+        // distinct locks either way.
+        let t = table(DeadlockPolicy::WaitForGraph);
+        let long = vec![7u8; INLINE_KEY + 1];
+        let ids = [
+            LockId::Database,
+            LockId::Table(2),
+            LockId::NegInf(2),
+            LockId::Key(2, Box::from(&[][..])),
+            LockId::Key(2, Box::from(&[0u8][..])),
+            LockId::Key(2, Box::from(&long[..INLINE_KEY - 1])),
+            LockId::Key(2, Box::from(&long[..INLINE_KEY])),
+            LockId::Key(2, long.clone().into_boxed_slice()),
+            LockId::Key(2, vec![7u8; 3 * INLINE_KEY].into_boxed_slice()),
+            LockId::Key(3, long.clone().into_boxed_slice()),
+            LockId::Key(3, Box::from(&long[..INLINE_KEY])),
+        ];
+        for (i, id) in ids.iter().enumerate() {
+            assert_eq!(t.lock(i as TxnId + 1, id, X, LONG), Ok(X), "{id:?}");
+        }
+        assert_eq!(t.queue_count(), ids.len());
+        for (i, id) in ids.iter().enumerate() {
+            assert_eq!(t.held_mode(i as TxnId + 1, id), X, "{id:?}");
+            assert_eq!(t.try_lock(100, id, S), Err(LockFailure::WouldBlock));
+            // A fresh copy of the name finds the same lock.
+            assert_eq!(
+                t.try_lock(100, &id.clone(), S),
+                Err(LockFailure::WouldBlock)
+            );
+        }
+        // Waiting and granting on a boxed name and on an inline one.
+        for id in [&ids[6], &ids[7]] {
+            let h = {
+                let (t, id) = (t.clone(), id.clone());
+                thread::spawn(move || {
+                    let r = t.lock(200, &id, S, LONG);
+                    t.unlock(200, &id);
+                    r
+                })
+            };
+            wait_until("the S request waits", || t.waiters(id) == 1);
+            let owner = ids.iter().position(|x| x == id).unwrap() as TxnId + 1;
+            t.unlock(owner, id);
+            assert_eq!(h.join().unwrap(), Ok(S));
+            assert!(t.is_free(id));
+        }
+        for (i, id) in ids.iter().enumerate() {
+            t.unlock(i as TxnId + 1, id);
+            assert!(t.is_free(id), "{id:?}");
+        }
+        assert_eq!(t.queue_count(), 0);
+        assert_eq!(t.footprint(), crate::lock::LockTableFootprint::default());
+    }
+
+    #[test]
     fn many_keys_queue_count() {
         let t = table(DeadlockPolicy::WaitForGraph);
         for i in 0..2000u32 {
@@ -1291,5 +1595,9 @@ mod tests {
         t.unlock(1, &LockId::NegInf(3));
         t.unlock(1, &LockId::Database);
         assert_eq!(t.queue_count(), 0);
+        // The shards that grew for the burst shrank back.
+        for s in t.shards.iter() {
+            assert!(s.lock().map.capacity() <= SHARD_ROOM);
+        }
     }
 }

@@ -40,6 +40,7 @@
 //! variant of their own would repeat all of it to leave out a few calls. `Serial` adds the
 //! database's one mutex, held by the facade from begin to end.
 
+use std::collections::hash_map::Entry;
 use std::ops::Bound;
 use std::time::Duration;
 
@@ -118,12 +119,38 @@ pub(super) fn undo_writes(
     }
 }
 
+thread_local! {
+    /// The `held` map of this thread's last finished transaction, emptied, kept for the next
+    /// one: a transaction that takes hundreds of locks then does not grow (and rehash) its
+    /// map from nothing every time.
+    static SPARE_HELD: std::cell::Cell<FxHashMap<LockId, LockMode>> =
+        std::cell::Cell::new(FxHashMap::default());
+}
+
+/// Largest `held` map (in locks it has room for) kept for the next transaction.
+const SPARE_HELD_ROOM: usize = 1024;
+
+impl Drop for TwoPl {
+    fn drop(&mut self) {
+        if self.held.capacity() <= SPARE_HELD_ROOM {
+            let mut held = std::mem::take(&mut self.held);
+            held.clear();
+            // `try_with`: nothing to keep during thread teardown.
+            let _ = SPARE_HELD.try_with(|s| s.set(held));
+        }
+    }
+}
+
 impl TwoPl {
     pub(super) fn new(inner: &DbInner, locking: bool) -> TwoPl {
         TwoPl {
             locking,
             timeout: inner.opts.lock_timeout,
-            held: FxHashMap::default(),
+            held: if locking {
+                SPARE_HELD.try_with(|s| s.take()).unwrap_or_default()
+            } else {
+                FxHashMap::default()
+            },
             intents: PrivateIntents::default(),
             undo: Vec::new(),
             ghosts: Vec::new(),
@@ -177,22 +204,22 @@ impl TwoPl {
             return Ok(());
         }
         let mode = key_mode(cx, &id, mode);
-        if let Some(&h) = self.held.get(&id) {
-            if h.covers(mode) {
-                return Ok(());
-            }
-        }
+        // One hash of the id in `held`: the entry serves the check and the insert.
+        let slot = match self.held.entry(id) {
+            Entry::Occupied(o) if o.get().covers(mode) => return Ok(()),
+            slot => slot,
+        };
         declare_age(cx);
-        match self.acquire(cx, &id, mode) {
+        match Self::acquire(self.timeout, cx, slot.key(), mode) {
             Ok(m) => {
                 if self.track_tags {
-                    self.max_tag = self.max_tag.max(cx.inner().locks.tag(&id));
+                    self.max_tag = self.max_tag.max(cx.inner().locks.tag(slot.key()));
                 }
-                self.held.insert(id, m);
+                slot.insert_entry(m);
                 Ok(())
             }
             Err(f) => {
-                let e = lock_error(cx, &id, f);
+                let e = lock_error(cx, slot.key(), f);
                 self.fail(cx, &e);
                 Err(e)
             }
@@ -212,7 +239,7 @@ impl TwoPl {
             return Ok(false);
         }
         declare_age(cx);
-        match self.acquire(cx, id, mode) {
+        match Self::acquire(self.timeout, cx, id, mode) {
             Ok(_) => Ok(true),
             Err(f) => {
                 let e = lock_error(cx, id, f);
@@ -226,14 +253,14 @@ impl TwoPl {
     /// waiting without an admission slot (a waiter must not keep a running slot from the
     /// transaction it waits for).
     fn acquire(
-        &self,
+        timeout: Duration,
         cx: &Ctx<'_>,
         id: &LockId,
         mode: LockMode,
     ) -> std::result::Result<LockMode, LockFailure> {
         let locks = &cx.inner().locks;
         let Some(gate) = cx.inner().gate.as_deref().filter(|_| cx.admitted) else {
-            return locks.lock(cx.id, id, mode, self.timeout);
+            return locks.lock(cx.id, id, mode, timeout);
         };
         match locks.try_lock(cx.id, id, mode) {
             Err(LockFailure::WouldBlock) => {}
@@ -253,12 +280,12 @@ impl TwoPl {
                 // with a thread that is not waiting, so the holder always gets to run; and
                 // a thread resuming (perhaps the holder) gets this one's slot at once.
                 Err(LockFailure::WouldBlock) if gate.waiting().1 == 0 && gate.wait_in_slot() => {
-                    let r = locks.lock(cx.id, id, mode, self.timeout);
+                    let r = locks.lock(cx.id, id, mode, timeout);
                     gate.end_wait_in_slot();
                     return r;
                 }
                 Err(LockFailure::WouldBlock) => {
-                    return crate::admission::blocking(|| locks.lock(cx.id, id, mode, self.timeout))
+                    return crate::admission::blocking(|| locks.lock(cx.id, id, mode, timeout))
                 }
                 r => return r,
             }

@@ -210,6 +210,27 @@ fn overlay(
     merged
 }
 
+/// How many rows [`overlay`] would return, without building them: `rows` (sorted by key)
+/// plus this transaction's buffered rows not among them, minus its deletes of rows among them.
+fn overlay_len(
+    own: Option<&BTreeMap<Box<[u8]>, WriteEntry>>,
+    lo: Bound<&[u8]>,
+    hi: Bound<&[u8]>,
+    rows: &Rows,
+) -> usize {
+    let Some(m) = own.filter(|_| !empty_range(lo, hi)) else {
+        return rows.len();
+    };
+    m.range::<[u8], _>((lo, hi)).fold(rows.len(), |n, (k, w)| {
+        let present = rows.binary_search_by(|(rk, _)| rk[..].cmp(&k[..])).is_ok();
+        match (present, w.value.is_some()) {
+            (false, true) => n + 1,
+            (true, false) => n - 1,
+            _ => n,
+        }
+    })
+}
+
 /// An optimistic transaction: its read, scan and write sets, its epoch pin, and the record
 /// that failed its validation.
 pub(super) struct Occ {
@@ -589,7 +610,7 @@ impl Protocol for Occ {
                     // Enough rows once this transaction's own writes up to `k` are merged in
                     // (its deletes may hide some, its inserts add some)?
                     if limit != usize::MAX
-                        && overlay(own, lo, Bound::Included(&k[..]), out.clone()).len() >= limit
+                        && overlay_len(own, lo, Bound::Included(&k[..]), &out) >= limit
                     {
                         break Bound::Included(k);
                     }

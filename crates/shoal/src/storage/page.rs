@@ -28,7 +28,7 @@
 
 use std::alloc::Layout;
 use std::cmp::Ordering;
-use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering as AtomicOrdering};
+use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering as AtomicOrdering};
 
 use parking_lot::Mutex;
 
@@ -262,6 +262,11 @@ fn chunk_of(pid: PageId) -> (usize, usize) {
 /// pages where the kernel offers them (see [`advise_huge`]).
 const HUGE_PAGE: usize = 2 << 20;
 
+/// Prefault requests sent, completed, and refused by the kernel (see [`prefault`]).
+static PREFAULT_SENT: AtomicUsize = AtomicUsize::new(0);
+static PREFAULT_DONE: AtomicUsize = AtomicUsize::new(0);
+static PREFAULT_FAILED: AtomicUsize = AtomicUsize::new(0);
+
 /// Chunks from this one on (2^6 frames, 2 MiB) are prefaulted ahead of use.
 const PREFAULT_MIN_CHUNK: usize = 6;
 /// Pages a store keeps backed ahead of its allocation frontier (8 MiB); it asks for more
@@ -276,6 +281,9 @@ const PREFAULT_AHEAD: PageId = 256;
 /// no prefaulting. The range may be freed before the thread reaches it: populating an
 /// unmapped range fails harmlessly, and populating memory reused by something else changes
 /// no byte of it.
+///
+/// [`PREFAULT_SENT`], [`PREFAULT_DONE`] and [`PREFAULT_FAILED`] count the requests, so a
+/// test can tell whether the kernel took them.
 fn prefault(addr: usize, len: usize) {
     #[cfg(target_os = "linux")]
     {
@@ -290,16 +298,27 @@ fn prefault(addr: usize, len: usize) {
                     for (a, l) in rx {
                         // SAFETY: `madvise` only asks the kernel to back the range; it reads
                         // and writes no byte of it, and fails (ignored) if it is unmapped.
-                        unsafe {
-                            libc::madvise(a as *mut libc::c_void, l, libc::MADV_POPULATE_WRITE);
+                        let r = unsafe {
+                            libc::madvise(a as *mut libc::c_void, l, libc::MADV_POPULATE_WRITE)
+                        };
+                        if r != 0 {
+                            PREFAULT_FAILED.fetch_add(1, AtomicOrdering::Relaxed);
                         }
+                        PREFAULT_DONE.fetch_add(1, AtomicOrdering::Release);
                     }
                 })
                 .ok()
                 .map(|_| tx)
         });
+        // `madvise` wants a page-aligned start (frames are not a multiple of 4 KiB, so a
+        // frame's address rarely is one): round the range outwards to whole small pages.
+        const SMALL_PAGE: usize = 4096;
+        let start = addr / SMALL_PAGE * SMALL_PAGE;
+        let end = addr.saturating_add(len).next_multiple_of(SMALL_PAGE);
         if let Some(tx) = tx {
-            let _ = tx.send((addr, len));
+            if tx.send((start, end - start)).is_ok() {
+                PREFAULT_SENT.fetch_add(1, AtomicOrdering::Relaxed);
+            }
         }
     }
     #[cfg(not(target_os = "linux"))]
@@ -461,6 +480,39 @@ impl Drop for PageStore {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// Every prefault request a growing store sends is one the kernel accepts (frames are
+    /// not a multiple of 4 KiB, and `madvise` refuses an unaligned start).
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn the_kernel_takes_every_prefault_request() {
+        let probe = Layout::from_size_align(1 << 16, 4096).expect("layout");
+        // SAFETY: a non-zero-size layout; the buffer is freed below with the same layout.
+        let buf = unsafe { std::alloc::alloc(probe) };
+        assert!(!buf.is_null());
+        // SAFETY: the range is the allocation just made; populating writes no byte of it.
+        let supported =
+            unsafe { libc::madvise(buf.cast(), probe.size(), libc::MADV_POPULATE_WRITE) } == 0;
+        // SAFETY: allocated above with this layout.
+        unsafe { std::alloc::dealloc(buf, probe) };
+        if !supported {
+            eprintln!("MADV_POPULATE_WRITE unsupported here (Linux before 5.14): skipped");
+            return;
+        }
+        let failed = PREFAULT_FAILED.load(AtomicOrdering::Relaxed);
+        let store = PageStore::new();
+        for _ in 0..1200 {
+            store.alloc();
+        }
+        let sent = PREFAULT_SENT.load(AtomicOrdering::Relaxed);
+        assert!(sent > 0, "a store of 1,200 pages asked for no prefaulting");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while PREFAULT_DONE.load(AtomicOrdering::Acquire) < sent {
+            assert!(std::time::Instant::now() < deadline, "prefaulter stuck");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert_eq!(PREFAULT_FAILED.load(AtomicOrdering::Relaxed), failed);
+    }
 
     /// One byte-level operation on a frame, checked against a plain byte array.
     #[derive(Debug, Clone)]

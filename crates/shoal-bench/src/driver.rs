@@ -194,6 +194,9 @@ pub struct RunStats {
     pub stashed: u64,
     /// Doppel: the runtime's counters over the run (`None` unless `--cc doppel`).
     pub doppel: Option<DoppelRun>,
+    /// CPU time the worker threads used in the measurement window, summed (`None` where
+    /// threads' CPU clocks cannot be read).
+    pub worker_cpu: Option<Duration>,
 }
 
 impl RunStats {
@@ -303,6 +306,30 @@ impl Control {
 struct WorkerOut {
     total: u64,
     per_type: Vec<TypeStats>,
+    /// CPU time this thread spent from the start of the measurement window to its end.
+    cpu: Option<Duration>,
+}
+
+/// CPU time the calling thread has used (Linux `CLOCK_THREAD_CPUTIME_ID`; `None` elsewhere
+/// or on error). Unlike wall time, it does not count the time other processes held the core.
+fn thread_cpu() -> Option<Duration> {
+    #[cfg(target_os = "linux")]
+    {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `ts` is a valid, writable timespec for the duration of the call.
+        let r = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+        (r == 0).then(|| {
+            Duration::new(
+                u64::try_from(ts.tv_sec).unwrap_or(0),
+                u32::try_from(ts.tv_nsec).unwrap_or(0),
+            )
+        })
+    }
+    #[cfg(not(target_os = "linux"))]
+    None
 }
 
 /// The worker loop: every transaction until the run stops.
@@ -316,9 +343,14 @@ fn worker<L: WorkerLoop>(
     let mut out = WorkerOut {
         total: 0,
         per_type: kinds.iter().map(|n| TypeStats::new(n)).collect(),
+        cpu: None,
     };
     let mut rng = SmallRng::seed_from_u64(seed ^ 0x5eed);
+    let mut cpu_from = None;
     'txns: while ctl.phase() != STOP {
+        if cpu_from.is_none() && ctl.phase() == MEASURE {
+            cpu_from = thread_cpu();
+        }
         let (kind, start) = l.next();
         let kind = kind.min(out.per_type.len() - 1);
         let mut attempt = 0u32;
@@ -375,6 +407,9 @@ fn worker<L: WorkerLoop>(
             }
         }
     }
+    out.cpu = cpu_from
+        .zip(thread_cpu())
+        .map(|(from, to)| to.saturating_sub(from));
     l.finish();
     out
 }
@@ -448,6 +483,7 @@ pub fn measure<A: Adapter>(
                         WorkerOut {
                             total: 0,
                             per_type: kinds.iter().map(|n| TypeStats::new(n)).collect(),
+                            cpu: None,
                         }
                     }
                 })
@@ -533,8 +569,10 @@ pub fn measure<A: Adapter>(
         intervals: sampler.map(|s| s.samples).unwrap_or_default(),
         stashed: 0,
         doppel: dop_end,
+        worker_cpu: Some(Duration::ZERO),
     };
     for o in outs {
+        stats.worker_cpu = stats.worker_cpu.zip(o.cpu).map(|(a, b)| a + b);
         stats.total_committed += o.total;
         stats.per_thread.push(o.total);
         for (mine, theirs) in stats.per_type.iter_mut().zip(&o.per_type) {
@@ -665,6 +703,13 @@ mod tests {
         assert_eq!(sum(TypeStats::aborted), st.aborts.iter().sum::<u64>());
         assert!(st.measured >= Duration::from_millis(100));
         assert!(st.lock_footprint.is_none() && st.doppel.is_none());
+        if cfg!(target_os = "linux") {
+            // Two busy workers for at least 100 ms: some CPU, and not more than the wall
+            // time of the window allows (with slack for the stop).
+            let cpu = st.worker_cpu.expect("thread CPU clocks on Linux");
+            assert!(cpu > Duration::ZERO);
+            assert!(cpu <= 2 * (st.measured + Duration::from_secs(1)));
+        }
     }
 
     #[test]

@@ -57,6 +57,7 @@ fn record(args: &str, tps: u64, intervals: Vec<Sample>) -> Record {
         intervals,
         stashed: 0,
         doppel: None,
+        worker_cpu: None,
     };
     let res = harness::RunResult {
         cfg,

@@ -233,6 +233,10 @@ pub struct Record {
     pub rss_end_kb: Option<u64>,
     /// Peak resident memory (KiB) during the run.
     pub peak_rss_kb: Option<u64>,
+    /// CPU time of the worker threads per commit in the measurement window, microseconds
+    /// (their CPU clocks: unlike throughput, not lowered by other processes holding a core).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu_us_per_commit: Option<f64>,
     /// Lock names (queues or lock heads) the lock table held at the start of the run and at
     /// the end of the measurement window (the latch-free table counts idle heads not yet
     /// reclaimed), and its request entries at the same moments.
@@ -289,6 +293,10 @@ impl Record {
             rss_start_kb: s.rss_start_kb,
             rss_end_kb: s.rss_end_kb,
             peak_rss_kb: s.peak_rss_kb,
+            cpu_us_per_commit: s
+                .worker_cpu
+                .filter(|_| s.committed > 0)
+                .map(|c| (c.as_secs_f64() * 1e9 / s.committed as f64).round() / 1000.0),
             lock_heads: s.lock_footprint.map(|[a, b]| [a.0 as u64, b.0 as u64]),
             lock_entries: s.lock_footprint.map(|[a, b]| [a.1 as u64, b.1 as u64]),
             intervals: s.intervals.clone(),
@@ -408,7 +416,7 @@ pub fn render_table(params: &Params, sweep: &Sweep, records: &[Record]) -> Strin
     let after: Vec<&str> = ["stashed"]
         .into_iter()
         .chain(Latency::HEADER)
-        .chain(["rss MiB", "check"])
+        .chain(["cpu µs", "rss MiB", "check"])
         .collect();
     let mut rows = vec![header(&cols, &["tps", "commits"], &after)];
     for r in records {
@@ -421,6 +429,8 @@ pub fn render_table(params: &Params, sweep: &Sweep, records: &[Record]) -> Strin
         row.push(r.stashed.to_string());
         row.extend(r.latency_us.cells());
         row.extend([
+            r.cpu_us_per_commit
+                .map_or_else(|| "-".to_string(), |c| format!("{c:.2}")),
             r.rss_end_kb
                 .map_or_else(|| "-".to_string(), |k| format!("{:.0}", k as f64 / 1024.0)),
             check_cell(r.consistent),
@@ -624,6 +634,7 @@ mod tests {
                         intervals: Vec::new(),
                         stashed: 0,
                         doppel: None,
+                        worker_cpu: None,
                     },
                     check: if i == 3 {
                         Err("bad".into())

@@ -292,6 +292,7 @@ impl BTree {
             };
             let c = n.child(i);
             let cf = self.store.frame(c)?;
+            cf.prefetch_header();
             let cv = cf.latch.optimistic();
             if !f.latch.validate(v) {
                 return None;

@@ -87,6 +87,8 @@ const MAX_SLOTS: usize = (PAGE_SIZE - HDR) / SLOT;
 const SLOT_WORDS: usize = 4;
 /// Bytes of a slot.
 const SLOT: usize = SLOT_WORDS * 8;
+/// A binary search over at most this many slots (32 cache lines) first prefetches them all.
+const PREFETCH_SLOTS: usize = 64;
 
 const GHOST: u64 = 1 << 62;
 const OVF: u64 = 1 << 63;
@@ -414,6 +416,11 @@ impl<'a> Node<'a> {
         let (lo, hi) = self.window(p);
         if hi <= lo {
             return lo;
+        }
+        if hi - lo <= PREFETCH_SLOTS {
+            // The search will touch about log2(hi - lo) of these lines, each load depending
+            // on the one before: ask for all of them at once.
+            self.0.prefetch(HDR + SLOT * lo, HDR + SLOT * hi);
         }
         let (mut base, mut size) = (lo, hi - lo);
         while size > 1 {

@@ -196,6 +196,10 @@ enum Applied<R> {
     Done(R, bool),
     /// The new entry for slot `i` does not fit: the caller splits the leaf and inserts it.
     Split(R, usize, Item),
+    /// Done, but a grown value that belongs inline went to an overflow chain because the
+    /// leaf had no room and the caller could not split it: the caller, once it has
+    /// unlatched, calls [`BTree::reinline`].
+    Spilled(R),
 }
 
 /// Where a descent goes.
@@ -378,6 +382,25 @@ impl BTree {
         hint: Option<LeafHint>,
         f: impl FnOnce(Option<&Record>) -> R,
     ) -> (R, LeafHint) {
+        self.get_hinted_mut(key, hint, |r| f(r.map(|r| &*r)))
+    }
+
+    /// Like [`get_hinted`](Self::get_hinted), with the copy handed to `f` mutably: a caller
+    /// that keeps the value takes it (`std::mem::take`) instead of cloning it.
+    ///
+    /// ```
+    /// use shoal::storage::btree::{BTree, Record};
+    /// let t = BTree::new();
+    /// t.update(b"k", |s| *s = Some(Record { value: b"v".to_vec(), ..Record::default() }));
+    /// let (v, _) = t.get_hinted_mut(b"k", None, |r| r.map(|r| std::mem::take(&mut r.value)));
+    /// assert_eq!(v, Some(b"v".to_vec()));
+    /// ```
+    pub fn get_hinted_mut<R>(
+        &self,
+        key: &[u8],
+        hint: Option<LeafHint>,
+        f: impl FnOnce(Option<&mut Record>) -> R,
+    ) -> (R, LeafHint) {
         let p = Probe::new(key);
         let mut rec = Record {
             value: SCRATCH.with(Cell::take),
@@ -417,7 +440,7 @@ impl BTree {
         };
         rec.ghost = c.ghost;
         rec.tid = c.tid;
-        let r = f(c.found.then_some(&rec));
+        let r = f(c.found.then_some(&mut rec));
         if rec.value.capacity() <= PAGE_SIZE {
             SCRATCH.with(|s| s.set(rec.value));
         }
@@ -480,10 +503,18 @@ impl BTree {
 
     /// Whether `f` on `p`'s slot in `n` (exclusively latched) can do without a split, given
     /// `found`, `n.search(p)`.
-    fn room_for(&self, n: Node<'_>, p: &Probe<'_>, found: Result<usize, usize>) -> bool {
+    /// An existing key's record needs `grow` more bytes at most (`OVF_REF` for an
+    /// ordinary update: a value that does not fit goes to an overflow chain and leaves a
+    /// reference; see [`Applied::Spilled`]).
+    fn room_for(
+        &self,
+        n: Node<'_>,
+        p: &Probe<'_>,
+        found: Result<usize, usize>,
+        grow: usize,
+    ) -> bool {
         match found {
-            // At most 16 bytes more: an overflow reference instead of a shorter value.
-            Ok(_) => n.free_total() >= 16,
+            Ok(_) => n.free_total() >= grow,
             Err(_) => n.count() < self.leaf_cap && n.free_total() >= max_entry(p.bytes.len()),
         }
     }
@@ -507,19 +538,24 @@ impl BTree {
             }
             let n = Node(fr);
             let found = n.search(p);
-            if !self.room_for(n, p, found) {
+            if !self.room_for(n, p, found, OVF_REF) {
                 fr.latch.unlock_unchanged(v);
                 return match self.split_under_parent(p, want_prior, f) {
                     Ok(out) => out,
-                    Err(f) => self.update_pessimistic(p, want_prior, f),
+                    Err(f) => self.update_pessimistic(p, want_prior, OVF_REF, f),
                 };
             }
-            match self.apply(n, p, found, want_prior, f) {
+            match self.apply(n, p, found, want_prior, false, f) {
                 Applied::Done(r, shrank) => {
                     fr.latch.unlock();
                     if shrank {
                         self.rebalance(p);
                     }
+                    return (r, pid);
+                }
+                Applied::Spilled(r) => {
+                    fr.latch.unlock();
+                    self.reinline(p);
                     return (r, pid);
                 }
                 Applied::Split(..) => unreachable!("room_for guarantees room for the entry"),
@@ -567,15 +603,17 @@ impl BTree {
             // child for `p`, at index `i`.
             let i = parent.child_index(p);
             let leaf = Node(lf);
-            let (r, at, split, shrank) = match self.apply(leaf, p, leaf.search(p), want_prior, f) {
-                Applied::Done(r, shrank) => (r, pid, false, shrank),
-                Applied::Split(r, j, it) => (
-                    r,
-                    self.split_leaf(parent, i, pid, Some((j, it)), p),
-                    true,
-                    false,
-                ),
-            };
+            let (r, at, split, shrank) =
+                match self.apply(leaf, p, leaf.search(p), want_prior, true, f) {
+                    Applied::Done(r, shrank) => (r, pid, false, shrank),
+                    Applied::Spilled(_) => unreachable!("apply spills only where it cannot split"),
+                    Applied::Split(r, j, it) => (
+                        r,
+                        self.split_leaf(parent, i, pid, Some((j, it)), p),
+                        true,
+                        false,
+                    ),
+                };
             lf.latch.unlock();
             release(pf, pv, split);
             if shrank {
@@ -588,12 +626,17 @@ impl BTree {
 
     /// Runs `f` on `p`'s slot in the exclusively latched leaf `n` and stores the result;
     /// `f` is told the prior key only if `want_prior` (else `None`, saving a copy).
+    /// A value that grew past the leaf's free space makes the leaf split
+    /// ([`Applied::Split`]) if `can_split`, else goes to an overflow chain
+    /// ([`Applied::Spilled`]).
+    #[allow(clippy::too_many_arguments)]
     fn apply<R>(
         &self,
         n: Node<'_>,
         p: &Probe<'_>,
         found: Result<usize, usize>,
         want_prior: bool,
+        can_split: bool,
         f: impl FnOnce(&mut Option<Record>, Option<Option<&[u8]>>) -> R,
     ) -> Applied<R> {
         let i = match found {
@@ -634,23 +677,40 @@ impl BTree {
                 Applied::Done(r, shrank)
             }
             (Ok(i), Some(rec)) => {
-                // Unchanged overflow value: keep the chain.
+                // Unchanged overflow value: keep the chain (unless it belongs inline and the
+                // leaf can split to take it: `reinline`).
                 if let Some((oref, old)) = &old_ref {
-                    if *old == rec.value {
+                    if *old == rec.value && (is_overflow_len(old.len()) || !can_split) {
                         let ok = n.replace_value(i, oref, true, rec.ghost, rec.tid);
                         debug_assert!(ok);
                         return Applied::Done(r, false);
                     }
                     overflow::free(&self.store, oref);
                 }
-                if !is_overflow_len(rec.value.len())
-                    && n.replace_value(i, &rec.value, false, rec.ghost, rec.tid)
-                {
+                let inline = !is_overflow_len(rec.value.len());
+                if inline && n.replace_value(i, &rec.value, false, rec.ghost, rec.tid) {
                     return Applied::Done(r, false);
+                }
+                if inline && can_split {
+                    // The value grew past the leaf's free space: split, keeping it inline.
+                    // (An overflow chain spends a whole page on a small value: before this,
+                    // every OCC insert landing on a full leaf left one, since its placeholder
+                    // gets its value at commit.)
+                    let key = n.key(i);
+                    n.remove(i);
+                    return Applied::Split(
+                        r,
+                        i,
+                        Self::item(key, rec.tid, rec.ghost, rec.value, false),
+                    );
                 }
                 let oref = overflow::write(&self.store, &rec.value);
                 if n.replace_value(i, &oref, true, rec.ghost, rec.tid) {
-                    return Applied::Done(r, false);
+                    return if inline {
+                        Applied::Spilled(r)
+                    } else {
+                        Applied::Done(r, false)
+                    };
                 }
                 let key = n.key(i);
                 n.remove(i);
@@ -689,17 +749,19 @@ impl BTree {
     /// Exclusive latch coupling from the root with preemptive splits of full inner nodes:
     /// every inner node entered has room for one more separator, so the leaf's parent can
     /// take the separator of a split after `f` ran.
+    /// `grow` as in [`room_for`](Self::room_for).
     fn update_pessimistic<R>(
         &self,
         p: &Probe<'_>,
         want_prior: bool,
+        grow: usize,
         f: impl FnOnce(&mut Option<Record>, Option<Option<&[u8]>>) -> R,
     ) -> (R, PageId) {
         let root = self.frame_of(ROOT);
         let mut cur_v = root.latch.lock();
         let rn = Node(root);
         let mut cur_changed = false;
-        if (rn.is_leaf() && !self.room_for(rn, p, rn.search(p)))
+        if (rn.is_leaf() && !self.room_for(rn, p, rn.search(p), grow))
             || (!rn.is_leaf() && self.inner_full(rn))
         {
             self.split_root();
@@ -707,15 +769,20 @@ impl BTree {
         }
         if rn.is_leaf() {
             // The root leaf has room now.
-            let out = match self.apply(rn, p, rn.search(p), want_prior, f) {
-                Applied::Done(r, shrank) => (r, shrank),
+            let (r, shrank, spilled) = match self.apply(rn, p, rn.search(p), want_prior, false, f) {
+                Applied::Done(r, shrank) => (r, shrank, false),
+                Applied::Spilled(r) => (r, false, true),
                 Applied::Split(..) => unreachable!("a split root leaves room for the entry"),
             };
             root.latch.unlock();
-            if out.1 {
+            if shrank {
                 self.rebalance(p);
             }
-            return (out.0, ROOT);
+            // A `reinline` asked for room for any inline value and split the root for it.
+            if spilled && grow < max_entry(p.bytes.len()) {
+                self.reinline(p);
+            }
+            return (r, ROOT);
         }
         let mut cur = root;
         loop {
@@ -726,8 +793,9 @@ impl BTree {
             let cv = cf.latch.lock();
             let cn = Node(cf);
             if cn.is_leaf() {
-                let (r, at, shrank) = match self.apply(cn, p, cn.search(p), want_prior, f) {
+                let (r, at, shrank) = match self.apply(cn, p, cn.search(p), want_prior, true, f) {
                     Applied::Done(r, shrank) => (r, c, shrank),
+                    Applied::Spilled(_) => unreachable!("apply spills only where it cannot split"),
                     Applied::Split(r, j, it) => {
                         cur_changed = true;
                         (r, self.split_leaf(n, i, c, Some((j, it)), p), false)
@@ -756,6 +824,16 @@ impl BTree {
             };
             release(cur, cur_v, cur_changed);
             (cur, cur_v, cur_changed) = (next, next_v, next_changed);
+        }
+    }
+
+    /// Moves `p`'s value back inline from the overflow chain an update left it in
+    /// ([`Applied::Spilled`]), splitting its leaf: an update that changes nothing, run on
+    /// the paths that can split. Readers see the same value throughout.
+    fn reinline(&self, p: &Probe<'_>) {
+        let keep = |_: &mut Option<Record>, _: Option<Option<&[u8]>>| {};
+        if let Err(keep) = self.split_under_parent(p, false, keep) {
+            self.update_pessimistic(p, false, max_entry(p.bytes.len()), keep);
         }
     }
 

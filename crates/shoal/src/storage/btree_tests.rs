@@ -954,3 +954,34 @@ fn a_reader_behind_a_stream_of_writers_latches_and_reads_whole_values() {
         stop.store(true, AtomicOrdering::Relaxed);
     });
 }
+
+/// Values that grow past their leaf's free space (an OCC insert's placeholder getting its
+/// value at commit; a row that grows) stay inline: the leaf splits, on the root leaf too,
+/// and no overflow page is spent on a value that fits a page.
+#[test]
+fn grown_values_stay_inline() {
+    for keys in [60u32, 3000] {
+        let t = BTree::new();
+        let key = |i: u32| i.wrapping_mul(2_654_435_761).to_be_bytes();
+        for i in 0..keys {
+            t.update(&key(i), |s| *s = Some(Record::default()));
+        }
+        let val = |i: u32| vec![i as u8; 600 + (i % 300) as usize];
+        for i in 0..keys {
+            t.update(&key(i), |s| {
+                if let Some(r) = s {
+                    r.value = val(i);
+                }
+            });
+        }
+        for i in 0..keys {
+            assert_eq!(t.get(&key(i), |r| r.map(|r| r.value.clone())), Some(val(i)));
+        }
+        assert_eq!(t.check_invariants(), Ok(()));
+        let s = t.stats();
+        assert_eq!(s.overflow, 0, "{keys} keys: {s:?}");
+        // About 750 bytes per record; leaves at least a third full.
+        let bytes = keys as usize * 800;
+        assert!(s.pages <= 2 + 3 * bytes / PAGE_SIZE, "{keys} keys: {s:?}");
+    }
+}

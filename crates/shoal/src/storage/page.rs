@@ -149,16 +149,36 @@ impl Frame {
             self.prefetch(off, end);
         }
         let src = self.span(off / 8, end.div_ceil(8));
-        let base = out.len();
-        out.resize(base + src.len() * 8, 0);
-        for (c, w) in out[base..].chunks_exact_mut(8).zip(src) {
-            c.copy_from_slice(&w.load(AtomicOrdering::Relaxed).to_le_bytes());
-        }
         let skip = off % 8;
-        if skip != 0 {
-            out.copy_within(base + skip..base + skip + (end - off), base);
+        let Some((first, rest)) = src.split_first() else {
+            return;
+        };
+        // Each word goes whole to its place in `out` (the first one's leading `skip` bytes
+        // left out), straight into spare capacity: no zero fill, no second pass to shift an
+        // unaligned value into place. The last word may write up to 7 bytes past the
+        // value, into capacity reserved for it, which the length then leaves out.
+        let n = (end - off).min(src.len() * 8 - skip);
+        let base = out.len();
+        out.reserve(n + 8);
+        let head = first.load(AtomicOrdering::Relaxed).to_le_bytes();
+        let spare = out.spare_capacity_mut();
+        for (d, b) in spare.iter_mut().zip(&head[skip..]) {
+            d.write(*b);
         }
-        out.truncate(base + (end - off));
+        let dst = spare.as_mut_ptr().cast::<u8>();
+        for (k, w) in rest.iter().enumerate() {
+            let bytes = w.load(AtomicOrdering::Relaxed).to_le_bytes();
+            // SAFETY: word `k + 1` lands at `8 * (k + 1) - skip`, and its last byte at
+            // `8 * rest.len() + 7 - skip <= n + 7` (as `n >= 8 * src.len() - skip - 7`,
+            // `end` lying in the last word), inside the `n + 8` bytes of spare capacity
+            // reserved above; `bytes` is a local array, so the ranges do not overlap.
+            unsafe {
+                std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst.add(8 * (k + 1) - skip), 8);
+            }
+        }
+        // SAFETY: bytes `base..base + n` are initialized: the head loop wrote the first
+        // `8 - skip` (or `n`, if fewer), the word loop every later one.
+        unsafe { out.set_len(base + n) };
     }
 
     /// Writes `bytes` at byte offset `off` (8-aligned), zero padding the last word.

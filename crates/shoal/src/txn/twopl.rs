@@ -627,8 +627,8 @@ impl Protocol for TwoPl {
             .table(slot)
             .inner
             .tree
-            .get_hinted(key, hint, |rec| match rec {
-                Some(r) if !r.ghost => Some(r.value.clone()),
+            .get_hinted_mut(key, hint, |rec| match rec {
+                Some(r) if !r.ghost => Some(std::mem::take(&mut r.value)),
                 _ => None,
             });
         self.set_hint(slot, h);

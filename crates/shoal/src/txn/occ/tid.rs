@@ -54,10 +54,13 @@ pub(super) type Found = Option<(Seen, Option<Vec<u8>>)>;
 /// Value and TID of `key` in one version-validated copy of its leaf; `None` while a committer holds
 /// the record's lock bit. Also the hint of the leaf (tried first when `hint` is given).
 pub(super) fn read_once(tree: &BTree, key: &[u8], hint: Option<LeafHint>) -> (Found, LeafHint) {
-    tree.get_hinted(key, hint, |rec| match rec {
+    tree.get_hinted_mut(key, hint, |rec| match rec {
         None => Some((Seen::Absent, None)),
         Some(r) if locked(r.tid) => None,
-        Some(r) => Some((Seen::Tid(r.tid), (!r.ghost).then(|| r.value.clone()))),
+        Some(r) => Some((
+            Seen::Tid(r.tid),
+            (!r.ghost).then(|| std::mem::take(&mut r.value)),
+        )),
     })
 }
 

@@ -878,6 +878,15 @@ impl BTree {
         p: &Probe<'_>,
     ) -> PageId {
         let lf = self.frame_of(leaf);
+        let pending = match pending {
+            Some((j, it)) if j == Node(lf).count() && j > 0 => {
+                match self.split_off_append(parent, i, lf, it) {
+                    Ok(rp) => return rp,
+                    Err(it) => Some((j, it)),
+                }
+            }
+            other => other,
+        };
         let mut img = Node(lf).image();
         let mut run_at = None;
         if let Some((j, it)) = pending {
@@ -935,6 +944,40 @@ impl BTree {
         } else {
             leaf
         }
+    }
+
+    /// The split of an ascending run's leaf, without copying it: `it`, whose key is above
+    /// every key of the full leaf `lf` (child `i` of the latched `parent`), starts a new
+    /// right sibling, and the leaf only gets that key as its high fence, in place. Returns
+    /// the new page, or hands `it` back when the leaf has no room for the fence or the
+    /// new page none for its fences (the caller's general split then runs).
+    fn split_off_append(
+        &self,
+        parent: Node<'_>,
+        i: usize,
+        lf: &Frame,
+        it: Item,
+    ) -> Result<PageId, Item> {
+        let high = Node(lf).fence(false);
+        let fence = |k: &Option<Vec<u8>>| k.as_ref().map_or(0, |k| pad8(k.len()));
+        if HDR_BYTES + pad8(it.key.len()) + fence(&high) + it.size() > PAGE_SIZE
+            || !Node(lf).set_high_fence(&it.key)
+        {
+            return Err(it);
+        }
+        let sep = it.key.clone();
+        let right = Image {
+            kind: KIND_LEAF,
+            leaf_children: false,
+            low: Some(sep.clone()),
+            high,
+            first: super::page::NO_PAGE,
+            items: vec![it],
+        };
+        let rp = self.new_page(&right);
+        let ok = parent.insert(i, &Self::item(sep, rp, false, Vec::new(), false));
+        debug_assert!(ok, "the parent has room for a separator");
+        Ok(rp)
     }
 
     /// Splits the full inner node `child` (child `i` of the latched `parent`, both

@@ -645,6 +645,33 @@ impl<'a> Node<'a> {
         true
     }
 
+    /// Sets the high fence to `key` in place (the old fence's bytes become a hole),
+    /// compacting the page if that makes room; false, and the page unchanged, if it is too
+    /// full. Exclusive latch.
+    pub fn set_high_fence(&self, key: &[u8]) -> bool {
+        let old = self.fence_word(false);
+        let old_bytes = if old & PRESENT != 0 {
+            pad8(((old >> 32) & 0xffff) as usize)
+        } else {
+            0
+        };
+        let need = pad8(key.len());
+        if self.gap() < need && self.free_total() + old_bytes < need {
+            return false;
+        }
+        self.0.store(W_HIGH, 0);
+        self.set_data(self.data_start(), self.used().saturating_sub(old_bytes));
+        if self.gap() < need {
+            self.compact();
+        }
+        let start = self.data_start() - need;
+        self.0.write_bytes(start, key);
+        self.0
+            .store(W_HIGH, PRESENT | ((key.len() as u64) << 32) | start as u64);
+        self.set_data(start, self.used() + need);
+        true
+    }
+
     /// True when an insert at slot `i` follows the last insert (at `i - 1`): a run of
     /// ascending inserts into this page.
     pub fn continues_run(&self, i: usize) -> bool {
@@ -828,6 +855,58 @@ mod tests {
     /// Removes, regrows and compacts records, and checks every survivor against a model
     /// after each step: compaction and the in-gap rewrite of `replace_value` keep keys,
     /// values, TID words and ghost bits, and leave the free bytes in one gap.
+    /// A full leaf takes a new high fence in place when the holes its removals left make
+    /// room (compacting), refuses it, unchanged, when they do not, and keeps every record
+    /// either way.
+    #[test]
+    fn a_high_fence_is_set_in_place() {
+        let store = PageStore::new();
+        let f = store.frame(store.alloc()).expect("frame");
+        let n = Node(f);
+        n.write_image(&Image::leaf(Some(b"\x00".to_vec()), Some(b"\xff".to_vec())));
+        let mut model: Vec<Item> = Vec::new();
+        while n.insert(model.len(), &item(model.len() as u32, 40)) {
+            model.push(item(model.len() as u32, 40));
+        }
+        let check = |model: &[Item], high: &[u8]| {
+            assert_eq!(n.count(), model.len());
+            for (i, it) in model.iter().enumerate() {
+                assert_eq!(n.key(i), it.key);
+                let mut v = Vec::new();
+                n.val_into(i, &mut v);
+                assert_eq!(v, it.val, "slot {i}");
+            }
+            assert_eq!(n.fence(true), Some(b"\x00".to_vec()));
+            assert_eq!(n.fence(false), Some(high.to_vec()));
+        };
+        // A fence longer than the free bytes: refused.
+        let long = vec![0xfe; n.free_total() + 9];
+        assert!(!n.set_high_fence(&long));
+        check(&model, b"\xff");
+        // Holes in the middle make room, but not in the gap: compaction.
+        for i in [3, 10, 20] {
+            n.remove(i);
+            model.remove(i);
+        }
+        let fence = vec![0xfe; pad8(n.gap() + 1)];
+        assert!(
+            n.free_total() >= fence.len() + 8,
+            "{} {}",
+            n.gap(),
+            n.free_total()
+        );
+        assert!(n.set_high_fence(&fence));
+        check(&model, &fence);
+        // Shorter again, in the gap the old fence's compaction left.
+        assert!(n.set_high_fence(b"\xfd"));
+        check(&model, b"\xfd");
+        assert_eq!(
+            n.free_total(),
+            n.gap() + fence.len(),
+            "the old fence: the only hole"
+        );
+    }
+
     #[test]
     fn compaction_and_regrowth_keep_every_record() {
         let store = PageStore::new();

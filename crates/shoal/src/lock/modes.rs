@@ -197,18 +197,9 @@ impl LockMode {
         LockMode::SIX,
     ];
 
-    /// The key-range family in the order of Kimura Table 2.
-    pub const KEY_RANGE: [LockMode; 9] = [
-        LockMode::N,
-        LockMode::S,
-        LockMode::X,
-        LockMode::NS,
-        LockMode::NX,
-        LockMode::SN,
-        LockMode::SX,
-        LockMode::XN,
-        LockMode::XS,
-    ];
+    /// The key-range family in the order of Kimura Table 2 (the first nine of
+    /// [`ALL`](Self::ALL)).
+    pub const KEY_RANGE: [LockMode; 9] = Self::first_of_all();
 
     /// The intent family in the order of Kimura Table 4.
     pub const INTENT: [LockMode; 6] = [
@@ -219,6 +210,17 @@ impl LockMode {
         LockMode::IX,
         LockMode::SIX,
     ];
+
+    /// The first `K` modes of [`ALL`](Self::ALL).
+    const fn first_of_all<const K: usize>() -> [LockMode; K] {
+        let mut out = [LockMode::N; K];
+        let mut i = 0;
+        while i < K {
+            out[i] = Self::ALL[i];
+            i += 1;
+        }
+        out
+    }
 
     /// Whether a lock in mode `self` held by one transaction lets another hold `other`.
     /// Symmetric. Mixing a key-range-only with an intent-only mode yields `false`.

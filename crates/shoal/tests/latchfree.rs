@@ -401,41 +401,38 @@ fn assert_one_victim(results: &[Result<LockMode, LockFailure>], started: Instant
     );
 }
 
-fn deadlock_two_cycle<T: Table>(table: Make<T>) {
+/// Twenty rounds of [`run_cycle`] on fresh waits-for-graph tables: exactly one victim each
+/// time, found without timeouts, and nothing left behind.
+fn one_victim_per_cycle<T: Table>(
+    table: Make<T>,
+    own: Vec<LockId>,
+    want: Vec<LockId>,
+    (first, second): (LockMode, LockMode),
+) {
     for _ in 0..20 {
         let t = table(DeadlockPolicy::WaitForGraph);
         let start = Instant::now();
-        let r = run_cycle(&t, vec![key(1), key(2)], vec![key(2), key(1)], X, X);
+        let r = run_cycle(&t, own.clone(), want.clone(), first, second);
         assert_one_victim(&r, start);
         assert_eq!(t.queue_count(), 0);
         assert!(t.is_idle(), "a waits-for edge or a grown shard left behind");
     }
+}
+
+fn deadlock_two_cycle<T: Table>(table: Make<T>) {
+    one_victim_per_cycle(table, vec![key(1), key(2)], vec![key(2), key(1)], (X, X));
 }
 
 fn deadlock_three_cycle<T: Table>(table: Make<T>) {
-    for _ in 0..20 {
-        let t = table(DeadlockPolicy::WaitForGraph);
-        let start = Instant::now();
-        let own = vec![key(1), key(2), key(3)];
-        let want = vec![key(2), key(3), key(1)];
-        let r = run_cycle(&t, own, want, X, X);
-        assert_one_victim(&r, start);
-        assert_eq!(t.queue_count(), 0);
-        assert!(t.is_idle(), "a waits-for edge or a grown shard left behind");
-    }
+    let own = vec![key(1), key(2), key(3)];
+    let want = vec![key(2), key(3), key(1)];
+    one_victim_per_cycle(table, own, want, (X, X));
 }
 
 fn deadlock_upgrade<T: Table>(table: Make<T>) {
-    for _ in 0..20 {
-        let t = table(DeadlockPolicy::WaitForGraph);
-        let start = Instant::now();
-        // Both hold S on one key and convert to X; the victim keeps S until it unlocks.
-        let k = key(4);
-        let r = run_cycle(&t, vec![k.clone(), k.clone()], vec![k.clone(), k], S, X);
-        assert_one_victim(&r, start);
-        assert_eq!(t.queue_count(), 0);
-        assert!(t.is_idle(), "a waits-for edge or a grown shard left behind");
-    }
+    // Both hold S on one key and convert to X; the victim keeps S until it unlocks.
+    let k = vec![key(4), key(4)];
+    one_victim_per_cycle(table, k.clone(), k, (S, X));
 }
 
 fn waiting_chain_is_not_a_deadlock<T: Table>(table: Make<T>) {

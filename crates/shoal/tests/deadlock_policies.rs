@@ -78,6 +78,22 @@ fn wait_until(what: &str, cond: impl Fn() -> bool) {
     common::wait_until(what, LONG, cond)
 }
 
+/// A table of `kind` under `policy` (victim kill-young) on which transaction `holder` holds
+/// key 1 exclusively.
+fn held_by(kind: LockTableKind, policy: DeadlockPolicy, holder: u64) -> (Arc<Table>, LockId) {
+    let t = Table::new(kind, policy, Victim::KillYoung);
+    let k = key(1);
+    t.t().lock(holder, &k, LockMode::X, LONG).unwrap();
+    (t, k)
+}
+
+/// Releases each `(transaction, lock)`.
+fn release(t: &Table, locks: &[(u64, &LockId)]) {
+    for &(txn, id) in locks {
+        t.t().unlock(txn, id);
+    }
+}
+
 fn is_deadlock(r: &Result<LockMode, LockFailure>) -> bool {
     matches!(r, Err(LockFailure::Deadlock { .. }))
 }
@@ -120,13 +136,18 @@ fn two_cycle_is_resolved_by_every_policy_on_every_table() {
     }
 }
 
-/// Kimura §4.3 on every table: with flush pipelines, kill-short rolls back the transaction
-/// whose thread has fewer pipelined commits waiting, kill-long the other, kill-young the
-/// younger (transaction 1 is older and has the shorter pipeline).
+/// Kimura §4.3 on every table and with every wait style: with flush pipelines, kill-short
+/// rolls back the transaction whose thread has fewer pipelined commits waiting, kill-long the
+/// other, kill-young the younger (transaction 1 is older and has the shorter pipeline).
 #[test]
 fn dreadlocks_victim_rules_on_every_table() {
     for kind in KINDS {
-        for style in [WaitStyle::Spin, WaitStyle::SleepBackoff] {
+        for style in [
+            WaitStyle::Spin,
+            WaitStyle::Sleep,
+            WaitStyle::SleepBackoff,
+            WaitStyle::Hybrid,
+        ] {
             for (victim, loser) in [
                 (Victim::KillYoung, 1usize),
                 (Victim::KillShort, 0),
@@ -147,9 +168,7 @@ fn dreadlocks_victim_rules_on_every_table() {
 #[test]
 fn no_wait_fails_at_once_on_every_table() {
     for kind in KINDS {
-        let t = Table::new(kind, DeadlockPolicy::NoWait, Victim::KillYoung);
-        let k = key(1);
-        t.t().lock(1, &k, LockMode::X, LONG).unwrap();
+        let (t, k) = held_by(kind, DeadlockPolicy::NoWait, 1);
         assert_eq!(
             t.t().lock(2, &k, LockMode::S, LONG),
             Err(LockFailure::Deadlock { blocker: Some(1) }),
@@ -160,8 +179,7 @@ fn no_wait_fails_at_once_on_every_table() {
         t.t().unlock(1, &k);
         assert_eq!(t.t().lock(2, &k, LockMode::S, LONG), Ok(LockMode::S));
         assert_eq!(t.t().lock(3, &k, LockMode::S, LONG), Ok(LockMode::S));
-        t.t().unlock(2, &k);
-        t.t().unlock(3, &k);
+        release(&t, &[(2, &k), (3, &k)]);
         assert_eq!(t.queue_count(), 0, "{kind:?}");
     }
 }
@@ -171,9 +189,7 @@ fn no_wait_fails_at_once_on_every_table() {
 #[test]
 fn wait_die_older_waits_younger_dies_on_every_table() {
     for kind in KINDS {
-        let t = Table::new(kind, DeadlockPolicy::WaitDie, Victim::KillYoung);
-        let k = key(1);
-        t.t().lock(5, &k, LockMode::X, LONG).unwrap();
+        let (t, k) = held_by(kind, DeadlockPolicy::WaitDie, 5);
         let older = {
             let (t, k) = (t.clone(), k.clone());
             thread::spawn(move || {
@@ -194,7 +210,7 @@ fn wait_die_older_waits_younger_dies_on_every_table() {
             "{kind:?}: {younger:?}"
         );
         assert_eq!(t.waiters(&k), 1, "{kind:?}: the older one still waits");
-        t.t().unlock(5, &k);
+        release(&t, &[(5, &k)]);
         assert_eq!(older.join().unwrap(), Ok(LockMode::X), "{kind:?}");
         assert_eq!(t.queue_count(), 0, "{kind:?}");
     }
@@ -235,8 +251,7 @@ fn wound_wait_older_wounds_younger_on_every_table() {
             Err(LockFailure::Deadlock { blocker: None }),
             "{kind:?}"
         );
-        t.t().unlock(5, &k1);
-        t.t().unlock(3, &k2);
+        release(&t, &[(5, &k1), (3, &k2)]);
         assert_eq!(t.queue_count(), 0, "{kind:?}");
     }
 }
@@ -245,21 +260,13 @@ fn wound_wait_older_wounds_younger_on_every_table() {
 #[test]
 fn timeout_policy_waits_for_the_timeout_on_every_table() {
     for kind in KINDS {
-        let t = Table::new(kind, DeadlockPolicy::Timeout, Victim::KillYoung);
-        let k = key(1);
-        t.t().lock(1, &k, LockMode::X, LONG).unwrap();
+        let (t, k) = held_by(kind, DeadlockPolicy::Timeout, 1);
         let r = t.t().lock(2, &k, LockMode::X, Duration::from_millis(30));
-        assert!(
-            matches!(
-                r,
-                Err(LockFailure::Timeout {
-                    blocker: Some(1),
-                    ..
-                })
-            ),
-            "{kind:?}: {r:?}"
-        );
-        t.t().unlock(1, &k);
+        let Err(LockFailure::Timeout { blocker, .. }) = r else {
+            panic!("{kind:?}: {r:?}, not a timeout");
+        };
+        assert_eq!(blocker, Some(1), "{kind:?}");
+        release(&t, &[(1, &k)]);
         assert_eq!(t.queue_count(), 0, "{kind:?}");
     }
 }

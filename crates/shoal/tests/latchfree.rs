@@ -1,6 +1,6 @@
 //! The lock tables' common behaviours: every scenario runs over every table `Database` builds
 //! (the sharded simple table, its one-shard latched form, and the latch-free table of Jung et
-//! al. 2013); then, for the latch-free table, a 256-thread stress test, the bounded memory
+//! al. 2013), each as a test of its own (`common::tables::every_table`); then, for the latch-free table, a 256-thread stress test, the bounded memory
 //! tests, and engine runs (bank invariant) with `LockTableKind::LatchFree`.
 
 mod common;
@@ -13,73 +13,14 @@ use std::time::{Duration, Instant};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use shoal::lock::latchfree::{LatchFreeLockTable, Params, ALLOC_BATCH};
-use shoal::lock::simple::SimpleLockTable;
-use shoal::lock::{DeadlockPolicy, LockFailure, LockId, LockMode, LockTable, TxnId};
+use shoal::lock::{DeadlockPolicy, LockFailure, LockId, LockMode, LockTable, TxnId, Victim};
 use shoal::{Database, LockTableKind, Options};
+
+use common::tables::{every_table, AnyTable};
 
 use LockMode::*;
 
 const LONG: Duration = Duration::from_secs(10);
-
-/// What the scenarios need from a table beyond [`LockTable`].
-trait Table: LockTable + 'static {
-    fn waiters(&self, id: &LockId) -> usize;
-    fn held_mode(&self, txn: TxnId, id: &LockId) -> LockMode;
-    fn queue_count(&self) -> usize;
-    /// Back at rest after a scenario: nothing queued (and, where the table has them, no
-    /// waits-for edges left and no shard grown for a burst).
-    fn is_idle(&self) -> bool {
-        self.queue_count() == 0
-    }
-}
-
-/// Forwards [`Table`]'s methods to the table's own.
-macro_rules! forward_table {
-    ($t:ty $(, $extra:ident)*) => {
-        impl Table for $t {
-            fn waiters(&self, id: &LockId) -> usize {
-                <$t>::waiters(self, id)
-            }
-            fn held_mode(&self, txn: TxnId, id: &LockId) -> LockMode {
-                <$t>::held_mode(self, txn, id)
-            }
-            fn queue_count(&self) -> usize {
-                <$t>::queue_count(self)
-            }
-            $(fn $extra(&self) -> bool {
-                <$t>::$extra(self)
-            })*
-        }
-    };
-}
-
-forward_table!(SimpleLockTable, is_idle);
-forward_table!(LatchFreeLockTable);
-
-/// Makes a table with a deadlock policy: the scenarios' one parameter.
-type Make<T> = fn(DeadlockPolicy) -> Arc<T>;
-
-/// Runs a scenario over every lock table `Database` can build: `#[test] name::sharded`,
-/// `name::latched` (one shard) and `name::latchfree`.
-macro_rules! every_table {
-    ($($name:ident),* $(,)?) => {$(
-        mod $name {
-            use super::*;
-            #[test]
-            fn sharded() {
-                super::$name(|p| Arc::new(SimpleLockTable::new(p)));
-            }
-            #[test]
-            fn latched() {
-                super::$name(|p| Arc::new(SimpleLockTable::with_shards(p, 1)));
-            }
-            #[test]
-            fn latchfree() {
-                super::$name(|p| Arc::new(LatchFreeLockTable::new(p)));
-            }
-        }
-    )*};
-}
 
 every_table!(
     uncontended_lock_convert_unlock,
@@ -108,8 +49,13 @@ fn wait_until(what: &str, cond: impl Fn() -> bool) {
     common::wait_until(what, LONG, cond)
 }
 
-fn uncontended_lock_convert_unlock<T: Table>(table: Make<T>) {
-    let t = table(DeadlockPolicy::WaitForGraph);
+/// A table of `kind` with deadlock `policy`.
+fn table(kind: LockTableKind, policy: DeadlockPolicy) -> Arc<AnyTable> {
+    AnyTable::new(kind, policy, Victim::KillYoung)
+}
+
+fn uncontended_lock_convert_unlock(kind: LockTableKind) {
+    let t = table(kind, DeadlockPolicy::WaitForGraph);
     let k = key(1);
     assert_eq!(t.lock(1, &k, SN, LONG), Ok(SN));
     assert_eq!(t.lock(1, &k, NS, LONG), Ok(S));
@@ -131,8 +77,8 @@ fn uncontended_lock_convert_unlock<T: Table>(table: Make<T>) {
 
 /// Transaction `txn` asks for `mode` on `id` in a thread of its own (waiting up to
 /// `timeout`), releases it once granted, and returns the answer.
-fn spawn_lock<T: Table>(
-    t: &Arc<T>,
+fn spawn_lock(
+    t: &Arc<AnyTable>,
     txn: TxnId,
     id: &LockId,
     mode: LockMode,
@@ -146,8 +92,8 @@ fn spawn_lock<T: Table>(
     })
 }
 
-fn fifo_order_of_x_waiters<T: Table>(table: Make<T>) {
-    let t = table(DeadlockPolicy::WaitForGraph);
+fn fifo_order_of_x_waiters(kind: LockTableKind) {
+    let t = table(kind, DeadlockPolicy::WaitForGraph);
     let k = key(1);
     t.lock(100, &k, X, LONG).unwrap();
     let order = Arc::new(StdMutex::new(Vec::new()));
@@ -170,10 +116,10 @@ fn fifo_order_of_x_waiters<T: Table>(table: Make<T>) {
     assert_eq!(t.queue_count(), 0);
 }
 
-fn waiting_conversion_blocks_later_compatible_request<T: Table>(table: Make<T>) {
+fn waiting_conversion_blocks_later_compatible_request(kind: LockTableKind) {
     // Kimura §4.2: A and B hold SN; A converts to XN and waits for B; C's SN request is
     // compatible with every granted mode but must wait behind A's conversion.
-    let t = table(DeadlockPolicy::WaitForGraph);
+    let t = table(kind, DeadlockPolicy::WaitForGraph);
     let k = key(7);
     let (a, b, c) = (1, 2, 3);
     t.lock(a, &k, SN, LONG).unwrap();
@@ -214,10 +160,10 @@ fn waiting_conversion_blocks_later_compatible_request<T: Table>(table: Make<T>) 
     assert!(t.is_free(&k));
 }
 
-fn conversion_granted_ahead_of_waiting_new_request<T: Table>(table: Make<T>) {
+fn conversion_granted_ahead_of_waiting_new_request(kind: LockTableKind) {
     // A holds IS; B waits for X; A converts IS -> IX: compatible with every other granted
     // mode, so it is granted although B waits.
-    let t = table(DeadlockPolicy::WaitForGraph);
+    let t = table(kind, DeadlockPolicy::WaitForGraph);
     let tab = LockId::Table(3);
     t.lock(1, &tab, IS, LONG).unwrap();
     let hb = spawn_lock(&t, 2, &tab, X, LONG);
@@ -233,9 +179,9 @@ fn conversion_granted_ahead_of_waiting_new_request<T: Table>(table: Make<T>) {
     assert!(t.is_free(&tab));
 }
 
-fn timeout_withdraws_request_and_leaves_queue_clean<T: Table>(table: Make<T>) {
+fn timeout_withdraws_request_and_leaves_queue_clean(kind: LockTableKind) {
     for policy in [DeadlockPolicy::Timeout, DeadlockPolicy::WaitForGraph] {
-        let t = table(policy);
+        let t = table(kind, policy);
         let k = key(1);
         t.lock(1, &k, X, LONG).unwrap();
         let to = Duration::from_millis(40);
@@ -270,10 +216,10 @@ fn timeout_withdraws_request_and_leaves_queue_clean<T: Table>(table: Make<T>) {
     }
 }
 
-fn timeout_of_first_waiter_grants_the_next<T: Table>(table: Make<T>) {
+fn timeout_of_first_waiter_grants_the_next(kind: LockTableKind) {
     // A holds S; B waits X (times out); C waits S behind B. When B gives up, C becomes
     // grantable and must be woken.
-    let t = table(DeadlockPolicy::Timeout);
+    let t = table(kind, DeadlockPolicy::Timeout);
     let k = key(2);
     t.lock(1, &k, S, LONG).unwrap();
     let hb = spawn_lock(&t, 2, &k, X, Duration::from_millis(60));
@@ -289,8 +235,8 @@ fn timeout_of_first_waiter_grants_the_next<T: Table>(table: Make<T>) {
     assert_eq!(t.queue_count(), 0);
 }
 
-fn try_lock_leaves_nothing_behind<T: Table>(table: Make<T>) {
-    let t = table(DeadlockPolicy::WaitForGraph);
+fn try_lock_leaves_nothing_behind(kind: LockTableKind) {
+    let t = table(kind, DeadlockPolicy::WaitForGraph);
     let k = key(1);
     assert_eq!(t.try_lock(1, &k, X), Ok(X));
     for m in [S, X, NS, SN, XN, NX] {
@@ -310,9 +256,9 @@ fn try_lock_leaves_nothing_behind<T: Table>(table: Make<T>) {
     assert_eq!(t.queue_count(), 0);
 }
 
-fn key_range_modes_on_one_key<T: Table>(table: Make<T>) {
+fn key_range_modes_on_one_key(kind: LockTableKind) {
     // NS (phantom protection of the gap) and XN (update of the key) coexist (Kimura §2.2).
-    let t = table(DeadlockPolicy::WaitForGraph);
+    let t = table(kind, DeadlockPolicy::WaitForGraph);
     let k = key(10);
     t.lock(1, &k, NS, LONG).unwrap();
     assert_eq!(t.try_lock(2, &k, XN), Ok(XN));
@@ -327,8 +273,8 @@ fn key_range_modes_on_one_key<T: Table>(table: Make<T>) {
     assert_eq!(t.queue_count(), 0);
 }
 
-fn intent_locks_follow_table4<T: Table>(table: Make<T>) {
-    let t = table(DeadlockPolicy::WaitForGraph);
+fn intent_locks_follow_table4(kind: LockTableKind) {
+    let t = table(kind, DeadlockPolicy::WaitForGraph);
     let tab = LockId::Table(5);
     for a in [S, X, IS, IX, SIX] {
         for b in [S, X, IS, IX, SIX] {
@@ -357,8 +303,8 @@ fn intent_locks_follow_table4<T: Table>(table: Make<T>) {
 
 /// Each txn `i` holds `own[i]` in `first` mode, then (all at once) asks for `want[i]` in
 /// mode `second`. Returns the per-txn results.
-fn run_cycle<T: Table>(
-    t: &Arc<T>,
+fn run_cycle(
+    t: &Arc<AnyTable>,
     own: Vec<LockId>,
     want: Vec<LockId>,
     first: LockMode,
@@ -403,14 +349,14 @@ fn assert_one_victim(results: &[Result<LockMode, LockFailure>], started: Instant
 
 /// Twenty rounds of [`run_cycle`] on fresh waits-for-graph tables: exactly one victim each
 /// time, found without timeouts, and nothing left behind.
-fn one_victim_per_cycle<T: Table>(
-    table: Make<T>,
+fn one_victim_per_cycle(
+    kind: LockTableKind,
     own: Vec<LockId>,
     want: Vec<LockId>,
     (first, second): (LockMode, LockMode),
 ) {
     for _ in 0..20 {
-        let t = table(DeadlockPolicy::WaitForGraph);
+        let t = table(kind, DeadlockPolicy::WaitForGraph);
         let start = Instant::now();
         let r = run_cycle(&t, own.clone(), want.clone(), first, second);
         assert_one_victim(&r, start);
@@ -419,25 +365,25 @@ fn one_victim_per_cycle<T: Table>(
     }
 }
 
-fn deadlock_two_cycle<T: Table>(table: Make<T>) {
-    one_victim_per_cycle(table, vec![key(1), key(2)], vec![key(2), key(1)], (X, X));
+fn deadlock_two_cycle(kind: LockTableKind) {
+    one_victim_per_cycle(kind, vec![key(1), key(2)], vec![key(2), key(1)], (X, X));
 }
 
-fn deadlock_three_cycle<T: Table>(table: Make<T>) {
+fn deadlock_three_cycle(kind: LockTableKind) {
     let own = vec![key(1), key(2), key(3)];
     let want = vec![key(2), key(3), key(1)];
-    one_victim_per_cycle(table, own, want, (X, X));
+    one_victim_per_cycle(kind, own, want, (X, X));
 }
 
-fn deadlock_upgrade<T: Table>(table: Make<T>) {
+fn deadlock_upgrade(kind: LockTableKind) {
     // Both hold S on one key and convert to X; the victim keeps S until it unlocks.
     let k = vec![key(4), key(4)];
-    one_victim_per_cycle(table, k.clone(), k, (S, X));
+    one_victim_per_cycle(kind, k.clone(), k, (S, X));
 }
 
-fn waiting_chain_is_not_a_deadlock<T: Table>(table: Make<T>) {
+fn waiting_chain_is_not_a_deadlock(kind: LockTableKind) {
     // T2 waits for T1, T3 for T2 (on another lock): no cycle, nobody is a victim.
-    let t = table(DeadlockPolicy::WaitForGraph);
+    let t = table(kind, DeadlockPolicy::WaitForGraph);
     let (a, b) = (key(1), key(2));
     t.lock(1, &a, X, LONG).unwrap();
     t.lock(2, &b, X, LONG).unwrap();
@@ -461,8 +407,8 @@ fn waiting_chain_is_not_a_deadlock<T: Table>(table: Make<T>) {
     assert!(t.is_idle(), "a waits-for edge or a grown shard left behind");
 }
 
-fn timeout_policy_breaks_deadlock_by_timeout<T: Table>(table: Make<T>) {
-    let t = table(DeadlockPolicy::Timeout);
+fn timeout_policy_breaks_deadlock_by_timeout(kind: LockTableKind) {
+    let t = table(kind, DeadlockPolicy::Timeout);
     let (a, b) = (key(1), key(2));
     let barrier = Arc::new(Barrier::new(2));
     let hs: Vec<_> = [(a.clone(), b.clone()), (b, a)]
@@ -488,8 +434,8 @@ fn timeout_policy_breaks_deadlock_by_timeout<T: Table>(table: Make<T>) {
     assert_eq!(t.queue_count(), 0);
 }
 
-fn many_keys_queue_count<T: Table>(table: Make<T>) {
-    let t = table(DeadlockPolicy::WaitForGraph);
+fn many_keys_queue_count(kind: LockTableKind) {
+    let t = table(kind, DeadlockPolicy::WaitForGraph);
     let k = |i: u32| LockId::Key(i % 7, i.to_le_bytes().to_vec().into_boxed_slice());
     for i in 0..2000u32 {
         t.lock(u64::from(i % 3), &k(i), XN, LONG).unwrap();
@@ -506,8 +452,8 @@ fn many_keys_queue_count<T: Table>(table: Make<T>) {
     assert!(t.is_idle(), "a waits-for edge or a grown shard left behind");
 }
 
-fn tags_outlive_requests<T: Table>(table: Make<T>) {
-    let t = table(DeadlockPolicy::WaitForGraph);
+fn tags_outlive_requests(kind: LockTableKind) {
+    let t = table(kind, DeadlockPolicy::WaitForGraph);
     let k = key(3);
     assert_eq!(t.tag(&k), 0);
     t.lock(1, &k, X, LONG).unwrap();

@@ -381,6 +381,14 @@ mod tests {
         (cfg, db, w)
     }
 
+    /// [`run`] under 2PL, OCC and Doppel.
+    fn under_every_cc(extra: &[(&'static str, Value)]) {
+        for cc in ["2pl", "occ", "doppel"] {
+            run(cc, extra);
+        }
+    }
+
+    /// 300 transactions on 500 counters (the hottest split under Doppel), checked.
     fn run(cc: &str, extra: &[(&'static str, Value)]) {
         let mut x = vec![("records", Value::Int(500))];
         x.extend_from_slice(extra);
@@ -404,22 +412,16 @@ mod tests {
 
     #[test]
     fn incr1_checks_under_every_cc() {
-        for cc in ["2pl", "occ", "doppel"] {
-            run(cc, &[("hot-fraction", Value::Float(0.9))]);
-        }
+        under_every_cc(&[("hot-fraction", Value::Float(0.9))]);
     }
 
     #[test]
     fn incr1_with_a_moving_hot_key_checks_under_every_cc() {
-        for cc in ["2pl", "occ", "doppel"] {
-            run(
-                cc,
-                &[
-                    ("hot-fraction", Value::Float(0.5)),
-                    ("hot-move-every", Value::from("1ms")),
-                ],
-            );
-        }
+        let moving = [
+            ("hot-fraction", Value::Float(0.5)),
+            ("hot-move-every", Value::from("1ms")),
+        ];
+        under_every_cc(&moving);
     }
 
     #[test]
@@ -467,9 +469,7 @@ mod tests {
 
     #[test]
     fn incrz_checks_under_every_cc() {
-        for cc in ["2pl", "occ", "doppel"] {
-            run(cc, &[("alpha", Value::Float(1.4))]);
-        }
+        under_every_cc(&[("alpha", Value::Float(1.4))]);
     }
 
     #[test]

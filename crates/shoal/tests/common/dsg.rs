@@ -308,50 +308,39 @@ impl History {
                 }
             }
         }
+        // The edge `dep` from the committed writer of `version` of `key` to `txn`, which
+        // read or overwrote it (a version no committed transaction wrote was read from an
+        // aborted one).
+        let depends_on_writer = |txn: TxnId, dep: Dep, key: &String, version: Version| match written
+            .get(&(key.as_str(), version))
+        {
+            Some(&w) => Ok(Edge {
+                from: w,
+                to: txn,
+                dep,
+                key: key.clone(),
+                version,
+            }),
+            None => Err(Violation::AbortedRead {
+                reader: txn,
+                key: key.clone(),
+                version,
+            }),
+        };
         for t in &self.txns {
             for (k, new, old) in &t.writes {
                 let _ = new;
                 if old.writer == t.id || *old == Version::INITIAL {
                     continue;
                 }
-                match written.get(&(k.as_str(), *old)) {
-                    Some(&w) => edges.push(Edge {
-                        from: w,
-                        to: t.id,
-                        dep: Dep::WW,
-                        key: k.clone(),
-                        version: *old,
-                    }),
-                    None => {
-                        return Err(Violation::AbortedRead {
-                            reader: t.id,
-                            key: k.clone(),
-                            version: *old,
-                        })
-                    }
-                }
+                edges.push(depends_on_writer(t.id, Dep::WW, k, *old)?);
             }
             for (k, ver) in &t.reads {
                 if ver.writer == t.id {
                     continue;
                 }
                 if *ver != Version::INITIAL {
-                    match written.get(&(k.as_str(), *ver)) {
-                        Some(&w) => edges.push(Edge {
-                            from: w,
-                            to: t.id,
-                            dep: Dep::WR,
-                            key: k.clone(),
-                            version: *ver,
-                        }),
-                        None => {
-                            return Err(Violation::AbortedRead {
-                                reader: t.id,
-                                key: k.clone(),
-                                version: *ver,
-                            })
-                        }
-                    }
+                    edges.push(depends_on_writer(t.id, Dep::WR, k, *ver)?);
                     if overwritten_by_self.contains(&(k.as_str(), *ver)) {
                         return Err(Violation::IntermediateRead {
                             reader: t.id,

@@ -11,7 +11,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use shoal::lock::{DeadlockPolicy, LockFailure, LockId, LockMode, Victim, WaitStyle};
-use shoal::{Database, Error, LockTableKind, Options};
+use shoal::{Database, Error, LockTableKind, Options, Table};
 
 use common::tables::{every_table, AnyTable};
 
@@ -254,17 +254,23 @@ fn every_combination_opens_or_is_refused(kind: LockTableKind) {
     }
 }
 
-/// Through `Database`: two transactions update two rows in opposite orders. Under no-wait the
-/// crossing request fails at once with `Error::Deadlock` on every table (the old latch-free
-/// table waited out the lock timeout, here a minute).
-fn crossing_transactions_under_no_wait_get_deadlock_at_once(kind: LockTableKind) {
-    let db = Database::in_memory_with(options(kind, DeadlockPolicy::NoWait, Victim::KillYoung));
+/// A database on a lock table of `kind` under `policy` with rows `a` and `b` in table `t`.
+fn rows_a_and_b(kind: LockTableKind, policy: DeadlockPolicy) -> (Database, Table) {
+    let db = Database::in_memory_with(options(kind, policy, Victim::KillYoung));
     let t = db.create_table("t").unwrap();
     db.run(|tx| {
         tx.put(&t, "a", "0")?;
         tx.put(&t, "b", "0")
     })
     .unwrap();
+    (db, t)
+}
+
+/// Through `Database`: two transactions update two rows in opposite orders. Under no-wait the
+/// crossing request fails at once with `Error::Deadlock` on every table (the old latch-free
+/// table waited out the lock timeout, here a minute).
+fn crossing_transactions_under_no_wait_get_deadlock_at_once(kind: LockTableKind) {
+    let (db, t) = rows_a_and_b(kind, DeadlockPolicy::NoWait);
     let mut t1 = db.begin();
     let mut t2 = db.begin();
     t1.put(&t, "a", "1").unwrap();
@@ -285,13 +291,7 @@ fn crossing_transactions_under_no_wait_get_deadlock_at_once(kind: LockTableKind)
 fn crossing_transactions_resolve_under_every_policy_on_every_table(kind: LockTableKind) {
     for policy in &ALL_POLICIES[1..] {
         let policy = *policy;
-        let db = Database::in_memory_with(options(kind, policy, Victim::KillYoung));
-        let t = db.create_table("t").unwrap();
-        db.run(|tx| {
-            tx.put(&t, "a", "0")?;
-            tx.put(&t, "b", "0")
-        })
-        .unwrap();
+        let (db, t) = rows_a_and_b(kind, policy);
         let barrier = Barrier::new(2);
         let results: Vec<Result<(), Error>> = thread::scope(|s| {
             let hs: Vec<_> = [("a", "b"), ("b", "a")]

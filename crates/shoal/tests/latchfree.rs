@@ -916,7 +916,7 @@ fn dsg_run(
     epoch_len: Option<u64>,
     duration: Duration,
 ) {
-    use common::dsg::{History, TxnRecord, Version};
+    use common::dsg::{History, Recorder, TxnRecord, Version};
     use std::collections::HashMap;
 
     #[allow(non_snake_case)]
@@ -949,24 +949,14 @@ fn dsg_run(
                     let epoch = epoch_len.map_or(0, |n| id / n);
                     let mut attempt = || -> shoal::Result<TxnRecord> {
                         let mut tx = db.begin();
-                        let mut rec = TxnRecord::new(id);
-                        let mut own: HashMap<String, Version> = HashMap::new();
-                        let mut seq = 0;
+                        let mut r = Recorder::new(id);
                         for _ in 0..rng.gen_range(2..=5) {
                             let op = rng.gen_range(0..10);
                             if op < 8 {
                                 let key = k(epoch, rng.gen_range(0..KEYS));
-                                let seen = Version::decode(tx.get(t, &key)?.as_deref());
-                                match own.get(&key) {
-                                    Some(mine) => assert_eq!(seen, *mine, "own write"),
-                                    None => rec.reads.push((key.clone(), seen)),
-                                }
+                                let seen = r.get(&mut tx, t, &key)?;
                                 if op >= 4 {
-                                    seq += 1;
-                                    let new = Version { writer: id, seq };
-                                    tx.put(t, &key, new.encode())?;
-                                    own.insert(key.clone(), new);
-                                    rec.writes.push((key, new, seen));
+                                    r.put(&mut tx, t, key, seen)?;
                                 }
                             } else {
                                 let lo = format!("e{epoch:06}/").into_bytes();
@@ -981,15 +971,12 @@ fn dsg_run(
                                 for i in 0..KEYS {
                                     let key = k(epoch, i);
                                     let seen = found.get(&key).copied().unwrap_or(Version::INITIAL);
-                                    match own.get(&key) {
-                                        Some(mine) => assert_eq!(seen, *mine, "own write"),
-                                        None => rec.reads.push((key, seen)),
-                                    }
+                                    r.observe(&key, seen);
                                 }
                             }
                         }
                         tx.commit()?;
-                        Ok(rec)
+                        Ok(r.rec)
                     };
                     match attempt() {
                         Ok(rec) => history.lock().unwrap().push(rec),

@@ -1,7 +1,8 @@
 //! The lock tables' common behaviours: every scenario runs over every table `Database` builds
 //! (the sharded simple table, its one-shard latched form, and the latch-free table of Jung et
-//! al. 2013), each as a test of its own (`common::tables::every_table`); then, for the latch-free table, a 256-thread stress test, the bounded memory
-//! tests, and engine runs (bank invariant) with `LockTableKind::LatchFree`.
+//! al. 2013), each as a test of its own (`common::tables::every_table`); then, for the
+//! latch-free table, a 256-thread stress test, the bounded memory tests, and engine runs
+//! (bank invariant) with `LockTableKind::LatchFree`.
 
 mod common;
 

@@ -22,6 +22,7 @@ use crate::workloads::tpcb::Tpcb;
 use crate::workloads::tpcc::Tpcc;
 use crate::workloads::txbench::Txbench;
 use crate::workloads::ycsb::Ycsb;
+use crate::workloads::Load;
 use crate::workloads::{Ledger, Workload, WorkloadKind};
 
 /// The runs of a sweep, in order, and the notes about skipped combinations.
@@ -195,7 +196,12 @@ fn run_loaded<W: Workload>(
     pb.set_prefix(format!("load {}", db_key.describe()));
     let t0 = Instant::now();
     let load_threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(4));
-    let w = W::load(db, first, load_threads, &pb)?;
+    let w = W::load(Load {
+        db,
+        cfg: first,
+        load_threads,
+        progress: &pb,
+    })?;
     let load_s = t0.elapsed().as_secs_f64();
     pb.finish_and_clear();
     eprintln!(

@@ -37,43 +37,47 @@ fn setup(o: &shoal::Options) -> (Database, Table) {
     (db, t)
 }
 
-/// A transfer with `get_i64` + `put` that refuses to overdraw (commits without change).
-fn transfer_read_write(
-    tx: &mut shoal::Transaction<'_>,
-    t: &Table,
-    from: &str,
-    to: &str,
-    amount: i64,
-) -> shoal::Result<bool> {
-    let a = tx.get_i64(t, from)?.expect("account exists");
-    if a < amount {
-        return Ok(false);
-    }
-    let b = tx.get_i64(t, to)?.expect("account exists");
-    tx.put(t, from, enc(a - amount))?;
-    tx.put(t, to, enc(b + amount))?;
-    Ok(true)
-}
-
 /// The error a transfer with `add_and_get` returns to abort itself on overdraft (not retryable, so
 /// `db.run` aborts the transaction, undoing the first `add_and_get`, and returns it).
 fn insufficient_funds() -> Error {
     Error::Unsupported("insufficient funds".into())
 }
 
-/// A transfer with `add_and_get`, aborting (through an error) when the source goes negative.
-fn transfer_add(
+/// How a transfer moves the money.
+#[derive(Clone, Copy)]
+enum Via {
+    /// `get_i64` + `put`, refusing to overdraw (commits without change: `Ok(false)`).
+    ReadWrite,
+    /// `add_and_get`, aborting (through [`insufficient_funds`]) when the source goes negative.
+    Add,
+}
+
+/// Moves `amount` from `from` to `to`; `Ok(true)` when it did.
+fn transfer(
     tx: &mut shoal::Transaction<'_>,
     t: &Table,
-    from: &str,
-    to: &str,
+    (from, to): (&str, &str),
     amount: i64,
+    via: Via,
 ) -> shoal::Result<bool> {
-    let left = tx.add_and_get(t, from, -amount)?;
-    if left < 0 {
-        return Err(insufficient_funds());
+    match via {
+        Via::ReadWrite => {
+            let a = tx.get_i64(t, from)?.expect("account exists");
+            if a < amount {
+                return Ok(false);
+            }
+            let b = tx.get_i64(t, to)?.expect("account exists");
+            tx.put(t, from, enc(a - amount))?;
+            tx.put(t, to, enc(b + amount))?;
+        }
+        Via::Add => {
+            let left = tx.add_and_get(t, from, -amount)?;
+            if left < 0 {
+                return Err(insufficient_funds());
+            }
+            tx.add_and_get(t, to, amount)?;
+        }
     }
-    tx.add_and_get(t, to, amount)?;
     Ok(true)
 }
 
@@ -107,14 +111,12 @@ fn bank_transfers_preserve_total_and_readers_see_it() {
                         let (from, to) = (acct(from), acct(to));
                         // Large enough amounts that overdrafts happen now and then.
                         let amount = rng.gen_range(1..=600);
-                        let use_add = rng.gen_bool(0.5);
-                        let res = db.run(|tx| {
-                            if use_add {
-                                transfer_add(tx, t, &from, &to, amount)
-                            } else {
-                                transfer_read_write(tx, t, &from, &to, amount)
-                            }
-                        });
+                        let via = if rng.gen_bool(0.5) {
+                            Via::Add
+                        } else {
+                            Via::ReadWrite
+                        };
+                        let res = db.run(|tx| transfer(tx, t, (&from, &to), amount, via));
                         match res {
                             Ok(true) => {
                                 transfers.fetch_add(1, Ordering::Relaxed);
@@ -223,7 +225,7 @@ fn bank_transfers_preserve_total_and_readers_see_it() {
 fn bank_aborted_transfer_is_undone() {
     for o in modes() {
         let (db, t) = setup(&o);
-        let res = db.run(|tx| transfer_add(tx, &t, &acct(0), &acct(1), INITIAL + 1));
+        let res = db.run(|tx| transfer(tx, &t, (&acct(0), &acct(1)), INITIAL + 1, Via::Add));
         assert!(
             matches!(res, Err(Error::Unsupported(_))),
             "overdraft refused: {res:?}"
@@ -231,7 +233,7 @@ fn bank_aborted_transfer_is_undone() {
         let a = db.run(|tx| tx.get_i64(&t, acct(0))).expect("read");
         assert_eq!(a, Some(INITIAL), "the aborted add was undone");
         let ok = db
-            .run(|tx| transfer_add(tx, &t, &acct(0), &acct(1), INITIAL))
+            .run(|tx| transfer(tx, &t, (&acct(0), &acct(1)), INITIAL, Via::Add))
             .expect("transfer all");
         assert!(ok);
         let both = db

@@ -98,31 +98,22 @@ fn checkpoint_beside_a_lock_holder(
     assert_eq!(stats.checkpoint_rows, 80, "{what}: rows of the checkpoint");
 }
 
-fn both_outcomes(deadlock: DeadlockPolicy, lock_table: LockTableKind) {
-    checkpoint_beside_a_lock_holder(deadlock, lock_table, false);
-    checkpoint_beside_a_lock_holder(deadlock, lock_table, true);
+/// On each lock table, under wait-die and no-wait (which make the checkpoint take the committed
+/// values of locked keys) and the waits-for graph (where it must not wait behind the lock
+/// holder): [`checkpoint_beside_a_lock_holder`] with the holder aborting and committing.
+fn checkpoint_beside_lock_holders(lock_table: LockTableKind) {
+    for deadlock in [
+        DeadlockPolicy::WaitDie,
+        DeadlockPolicy::NoWait,
+        DeadlockPolicy::WaitForGraph,
+    ] {
+        for commit in [false, true] {
+            checkpoint_beside_a_lock_holder(deadlock, lock_table, commit);
+        }
+    }
 }
 
-#[test]
-fn checkpoint_under_wait_die_takes_committed_values_of_locked_keys() {
-    both_outcomes(DeadlockPolicy::WaitDie, LockTableKind::Sharded);
-}
-
-#[test]
-fn checkpoint_under_no_wait_takes_committed_values_of_locked_keys() {
-    both_outcomes(DeadlockPolicy::NoWait, LockTableKind::Sharded);
-}
-
-#[test]
-fn checkpoint_under_wait_for_graph_does_not_wait_behind_a_lock_holder() {
-    both_outcomes(DeadlockPolicy::WaitForGraph, LockTableKind::Sharded);
-}
-
-#[test]
-fn checkpoint_with_the_latch_free_table_does_not_wait_behind_a_lock_holder() {
-    both_outcomes(DeadlockPolicy::WaitForGraph, LockTableKind::LatchFree);
-    checkpoint_beside_a_lock_holder(DeadlockPolicy::WaitDie, LockTableKind::LatchFree, false);
-}
+common::tables::every_table!(checkpoint_beside_lock_holders);
 
 /// A transaction that commits while the checkpoint runs (its record lands below or above the
 /// checkpoint's LSN) is never lost, and the checkpoint never fails.

@@ -117,6 +117,17 @@ fn expected_rows(n: usize) -> BTreeMap<Vec<u8>, Vec<u8>> {
         .collect()
 }
 
+/// On a database that holds rows `k0..k{n-1}` of table `t`: commits row `n`, closes it and
+/// reopens `dir`, which must then hold the `n + 1` rows.
+fn commit_next_and_reopen(db: Database, dir: &Path, n: usize) -> Database {
+    let t = db.table("t").expect("table");
+    db.run(|tx| tx.put(&t, key(n), val(n))).expect("commit");
+    drop(db);
+    let db = Database::open(dir, Options::default()).expect("reopen");
+    assert_eq!(dump(&db, "t"), expected_rows(n + 1));
+    db
+}
+
 /// Opens `dir` fresh, creates table `t` and commits `n` sync transactions, one put each.
 fn commit_n(dir: &Path, opts: Options, n: usize) {
     let db = Database::open(dir, opts).expect("open");
@@ -345,11 +356,7 @@ fn torn_last_frame_loses_only_the_last_commit_and_keeps_the_cut_bytes_aside() {
     assert_eq!(dump(&db, "t"), expected_rows(99));
 
     // The database goes on from there, and the kept bytes stay.
-    let t = db.table("t").expect("table");
-    db.run(|tx| tx.put(&t, key(99), val(99))).expect("commit");
-    drop(db);
-    let db = Database::open(dir.path(), Options::default()).expect("reopen");
-    assert_eq!(dump(&db, "t"), expected_rows(100));
+    let db = commit_next_and_reopen(db, dir.path(), 99);
     assert_eq!(db.recovery_stats().expect("stats").torn_bytes, 0);
     assert!(torn.exists(), "a later open deleted the kept torn bytes");
 }
@@ -749,11 +756,7 @@ fn stray_segment_is_never_destroyed(gap: u64) -> &'static str {
                 "the kept file does not hold the stray's bytes"
             );
             assert_eq!(dump(&db, "t"), expected_rows(20));
-            let t = db.table("t").expect("table");
-            db.run(|tx| tx.put(&t, key(20), val(20))).expect("commit");
-            drop(db);
-            let db = Database::open(dir.path(), Options::default()).expect("reopen");
-            assert_eq!(dump(&db, "t"), expected_rows(21));
+            let _db = commit_next_and_reopen(db, dir.path(), 20);
             assert_eq!(std::fs::read(&kept).expect("kept bytes stay"), junk);
             "kept aside"
         }

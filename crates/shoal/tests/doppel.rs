@@ -116,6 +116,20 @@ fn wait_split(db: &Database) {
     }
 }
 
+/// Hints `hot` as an add counter and waits until a split phase runs.
+fn split_hot(db: &Database, t: &Table) {
+    db.split_hint(t, "hot", SplitOp::Add).unwrap();
+    wait_split(db);
+}
+
+/// A Doppel database (split phases of `t_s_ms`) whose table `t` has `hot` split.
+fn hot_split(t_s_ms: u64) -> (Database, Table) {
+    let db = Database::in_memory_with(doppel_opts(t_s_ms));
+    let t = db.create_table("t").unwrap();
+    split_hot(&db, &t);
+    (db, t)
+}
+
 fn hint_all(db: &Database, t: &Table) {
     db.split_hint(t, "a", SplitOp::Add).unwrap();
     db.split_hint(t, "b", SplitOp::Add).unwrap();
@@ -241,10 +255,7 @@ fn blind_operations_run_under_every_mode() {
 
 #[test]
 fn a_stashed_transaction_runs_exactly_once() {
-    let db = Database::in_memory_with(doppel_opts(2));
-    let t = db.create_table("t").unwrap();
-    db.split_hint(&t, "hot", SplitOp::Add).unwrap();
-    wait_split(&db);
+    let (db, t) = hot_split(2);
     let runs = AtomicU64::new(0);
     let stop = AtomicBool::new(false);
     std::thread::scope(|s| {
@@ -311,10 +322,7 @@ fn a_stashed_transaction_runs_exactly_once() {
 
 #[test]
 fn many_threads_calling_begin_while_phases_change_do_not_deadlock() {
-    let db = Database::in_memory_with(doppel_opts(1));
-    let t = db.create_table("t").unwrap();
-    db.split_hint(&t, "hot", SplitOp::Add).unwrap();
-    wait_split(&db);
+    let (db, t) = hot_split(1);
     let deadline = Instant::now() + Duration::from_millis(800);
     let done = AtomicU64::new(0);
     std::thread::scope(|s| {
@@ -460,8 +468,7 @@ fn incr1_throughput_smoke() {
             let db = Database::in_memory_with(Options::default().with_cc(cc));
             let t = db.create_table("t").unwrap();
             if cc == ConcurrencyControl::Doppel {
-                db.split_hint(&t, "hot", SplitOp::Add).unwrap();
-                wait_split(&db);
+                split_hot(&db, &t);
             }
             let n = AtomicU64::new(0);
             let end = Instant::now() + Duration::from_millis(1000);
@@ -646,10 +653,7 @@ fn transfers_with_split_counters_keep_the_bank_invariant() {
 #[test]
 fn a_stash_queue_keeps_the_worker_running_while_stashed_work_waits() {
     use shoal::doppel::StashQueue;
-    let db = Database::in_memory_with(doppel_opts(20));
-    let t = db.create_table("t").unwrap();
-    db.split_hint(&t, "hot", SplitOp::Add).unwrap();
-    wait_split(&db);
+    let (db, t) = hot_split(20);
     let mut queue: StashQueue<u32> = StashQueue::new(&db);
     let mut runs = std::collections::HashMap::<u32, u32>::new();
     let (mut next, mut adds, mut adds_while_queued) = (0u32, 0i64, 0u64);

@@ -1,6 +1,8 @@
-//! The latch-free lock table (Jung et al. 2013) against the behaviours of the simple sharded
-//! table: every scenario runs over both tables; then a 256-thread stress test, the bounded
-//! memory test, and engine runs (bank invariant) with `LockTableKind::LatchFree`.
+//! The lock tables' common behaviours: every scenario runs over every table `Database` builds
+//! (the sharded simple table, its one-shard latched form, and the latch-free table of Jung et
+//! al. 2013), each as a test of its own (`common::tables::every_table`); then, for the
+//! latch-free table, a 256-thread stress test, the bounded memory tests, and engine runs
+//! (bank invariant) with `LockTableKind::LatchFree`.
 
 mod common;
 
@@ -12,69 +14,16 @@ use std::time::{Duration, Instant};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use shoal::lock::latchfree::{LatchFreeLockTable, Params, ALLOC_BATCH};
-use shoal::lock::simple::SimpleLockTable;
-use shoal::lock::{DeadlockPolicy, LockFailure, LockId, LockMode, LockTable, TxnId};
+use shoal::lock::{DeadlockPolicy, LockFailure, LockId, LockMode, LockTable, TxnId, Victim};
 use shoal::{Database, LockTableKind, Options};
+
+use common::tables::{every_table, AnyTable};
 
 use LockMode::*;
 
 const LONG: Duration = Duration::from_secs(10);
 
-/// What the scenarios need from a table beyond [`LockTable`].
-trait Table: LockTable + 'static {
-    fn make(policy: DeadlockPolicy) -> Self;
-    fn waiters(&self, id: &LockId) -> usize;
-    fn held_mode(&self, txn: TxnId, id: &LockId) -> LockMode;
-    fn queue_count(&self) -> usize;
-}
-
-impl Table for SimpleLockTable {
-    fn make(policy: DeadlockPolicy) -> Self {
-        SimpleLockTable::new(policy)
-    }
-    fn waiters(&self, id: &LockId) -> usize {
-        SimpleLockTable::waiters(self, id)
-    }
-    fn held_mode(&self, txn: TxnId, id: &LockId) -> LockMode {
-        SimpleLockTable::held_mode(self, txn, id)
-    }
-    fn queue_count(&self) -> usize {
-        SimpleLockTable::queue_count(self)
-    }
-}
-
-impl Table for LatchFreeLockTable {
-    fn make(policy: DeadlockPolicy) -> Self {
-        LatchFreeLockTable::new(policy)
-    }
-    fn waiters(&self, id: &LockId) -> usize {
-        LatchFreeLockTable::waiters(self, id)
-    }
-    fn held_mode(&self, txn: TxnId, id: &LockId) -> LockMode {
-        LatchFreeLockTable::held_mode(self, txn, id)
-    }
-    fn queue_count(&self) -> usize {
-        LatchFreeLockTable::queue_count(self)
-    }
-}
-
-/// Runs a scenario over both tables: `#[test] name::simple` and `name::latchfree`.
-macro_rules! both {
-    ($($name:ident),* $(,)?) => {$(
-        mod $name {
-            #[test]
-            fn simple() {
-                super::$name::<shoal::lock::simple::SimpleLockTable>();
-            }
-            #[test]
-            fn latchfree() {
-                super::$name::<shoal::lock::latchfree::LatchFreeLockTable>();
-            }
-        }
-    )*};
-}
-
-both!(
+every_table!(
     uncontended_lock_convert_unlock,
     fifo_order_of_x_waiters,
     waiting_conversion_blocks_later_compatible_request,
@@ -101,12 +50,13 @@ fn wait_until(what: &str, cond: impl Fn() -> bool) {
     common::wait_until(what, LONG, cond)
 }
 
-fn table<T: Table>(policy: DeadlockPolicy) -> Arc<T> {
-    Arc::new(T::make(policy))
+/// A table of `kind` with deadlock `policy`.
+fn table(kind: LockTableKind, policy: DeadlockPolicy) -> Arc<AnyTable> {
+    AnyTable::new(kind, policy, Victim::KillYoung)
 }
 
-fn uncontended_lock_convert_unlock<T: Table>() {
-    let t = table::<T>(DeadlockPolicy::WaitForGraph);
+fn uncontended_lock_convert_unlock(kind: LockTableKind) {
+    let t = table(kind, DeadlockPolicy::WaitForGraph);
     let k = key(1);
     assert_eq!(t.lock(1, &k, SN, LONG), Ok(SN));
     assert_eq!(t.lock(1, &k, NS, LONG), Ok(S));
@@ -126,8 +76,25 @@ fn uncontended_lock_convert_unlock<T: Table>() {
     assert_eq!(t.queue_count(), 0);
 }
 
-fn fifo_order_of_x_waiters<T: Table>() {
-    let t = table::<T>(DeadlockPolicy::WaitForGraph);
+/// Transaction `txn` asks for `mode` on `id` in a thread of its own (waiting up to
+/// `timeout`), releases it once granted, and returns the answer.
+fn spawn_lock(
+    t: &Arc<AnyTable>,
+    txn: TxnId,
+    id: &LockId,
+    mode: LockMode,
+    timeout: Duration,
+) -> thread::JoinHandle<Result<LockMode, LockFailure>> {
+    let (t, id) = (t.clone(), id.clone());
+    thread::spawn(move || {
+        let r = t.lock(txn, &id, mode, timeout);
+        t.unlock(txn, &id);
+        r
+    })
+}
+
+fn fifo_order_of_x_waiters(kind: LockTableKind) {
+    let t = table(kind, DeadlockPolicy::WaitForGraph);
     let k = key(1);
     t.lock(100, &k, X, LONG).unwrap();
     let order = Arc::new(StdMutex::new(Vec::new()));
@@ -150,10 +117,10 @@ fn fifo_order_of_x_waiters<T: Table>() {
     assert_eq!(t.queue_count(), 0);
 }
 
-fn waiting_conversion_blocks_later_compatible_request<T: Table>() {
+fn waiting_conversion_blocks_later_compatible_request(kind: LockTableKind) {
     // Kimura §4.2: A and B hold SN; A converts to XN and waits for B; C's SN request is
     // compatible with every granted mode but must wait behind A's conversion.
-    let t = table::<T>(DeadlockPolicy::WaitForGraph);
+    let t = table(kind, DeadlockPolicy::WaitForGraph);
     let k = key(7);
     let (a, b, c) = (1, 2, 3);
     t.lock(a, &k, SN, LONG).unwrap();
@@ -194,19 +161,13 @@ fn waiting_conversion_blocks_later_compatible_request<T: Table>() {
     assert!(t.is_free(&k));
 }
 
-fn conversion_granted_ahead_of_waiting_new_request<T: Table>() {
+fn conversion_granted_ahead_of_waiting_new_request(kind: LockTableKind) {
     // A holds IS; B waits for X; A converts IS -> IX: compatible with every other granted
     // mode, so it is granted although B waits.
-    let t = table::<T>(DeadlockPolicy::WaitForGraph);
+    let t = table(kind, DeadlockPolicy::WaitForGraph);
     let tab = LockId::Table(3);
     t.lock(1, &tab, IS, LONG).unwrap();
-    let hb = {
-        let (t, tab) = (t.clone(), tab.clone());
-        thread::spawn(move || {
-            assert_eq!(t.lock(2, &tab, X, LONG), Ok(X));
-            t.unlock(2, &tab);
-        })
-    };
+    let hb = spawn_lock(&t, 2, &tab, X, LONG);
     wait_until("B waits", || t.waiters(&tab) == 1);
     assert_eq!(t.try_lock(1, &tab, IX), Ok(IX));
     assert_eq!(
@@ -215,13 +176,13 @@ fn conversion_granted_ahead_of_waiting_new_request<T: Table>() {
         "FIFO behind B"
     );
     t.unlock(1, &tab);
-    hb.join().unwrap();
+    assert_eq!(hb.join().unwrap(), Ok(X));
     assert!(t.is_free(&tab));
 }
 
-fn timeout_withdraws_request_and_leaves_queue_clean<T: Table>() {
+fn timeout_withdraws_request_and_leaves_queue_clean(kind: LockTableKind) {
     for policy in [DeadlockPolicy::Timeout, DeadlockPolicy::WaitForGraph] {
-        let t = table::<T>(policy);
+        let t = table(kind, policy);
         let k = key(1);
         t.lock(1, &k, X, LONG).unwrap();
         let to = Duration::from_millis(40);
@@ -256,25 +217,15 @@ fn timeout_withdraws_request_and_leaves_queue_clean<T: Table>() {
     }
 }
 
-fn timeout_of_first_waiter_grants_the_next<T: Table>() {
+fn timeout_of_first_waiter_grants_the_next(kind: LockTableKind) {
     // A holds S; B waits X (times out); C waits S behind B. When B gives up, C becomes
     // grantable and must be woken.
-    let t = table::<T>(DeadlockPolicy::Timeout);
+    let t = table(kind, DeadlockPolicy::Timeout);
     let k = key(2);
     t.lock(1, &k, S, LONG).unwrap();
-    let hb = {
-        let (t, k) = (t.clone(), k.clone());
-        thread::spawn(move || t.lock(2, &k, X, Duration::from_millis(60)))
-    };
+    let hb = spawn_lock(&t, 2, &k, X, Duration::from_millis(60));
     wait_until("B waits", || t.waiters(&k) == 1);
-    let hc = {
-        let (t, k) = (t.clone(), k.clone());
-        thread::spawn(move || {
-            let r = t.lock(3, &k, S, LONG);
-            t.unlock(3, &k);
-            r
-        })
-    };
+    let hc = spawn_lock(&t, 3, &k, S, LONG);
     wait_until("C waits", || t.waiters(&k) == 2);
     assert!(matches!(
         hb.join().unwrap(),
@@ -285,8 +236,8 @@ fn timeout_of_first_waiter_grants_the_next<T: Table>() {
     assert_eq!(t.queue_count(), 0);
 }
 
-fn try_lock_leaves_nothing_behind<T: Table>() {
-    let t = table::<T>(DeadlockPolicy::WaitForGraph);
+fn try_lock_leaves_nothing_behind(kind: LockTableKind) {
+    let t = table(kind, DeadlockPolicy::WaitForGraph);
     let k = key(1);
     assert_eq!(t.try_lock(1, &k, X), Ok(X));
     for m in [S, X, NS, SN, XN, NX] {
@@ -306,9 +257,9 @@ fn try_lock_leaves_nothing_behind<T: Table>() {
     assert_eq!(t.queue_count(), 0);
 }
 
-fn key_range_modes_on_one_key<T: Table>() {
+fn key_range_modes_on_one_key(kind: LockTableKind) {
     // NS (phantom protection of the gap) and XN (update of the key) coexist (Kimura §2.2).
-    let t = table::<T>(DeadlockPolicy::WaitForGraph);
+    let t = table(kind, DeadlockPolicy::WaitForGraph);
     let k = key(10);
     t.lock(1, &k, NS, LONG).unwrap();
     assert_eq!(t.try_lock(2, &k, XN), Ok(XN));
@@ -323,8 +274,8 @@ fn key_range_modes_on_one_key<T: Table>() {
     assert_eq!(t.queue_count(), 0);
 }
 
-fn intent_locks_follow_table4<T: Table>() {
-    let t = table::<T>(DeadlockPolicy::WaitForGraph);
+fn intent_locks_follow_table4(kind: LockTableKind) {
+    let t = table(kind, DeadlockPolicy::WaitForGraph);
     let tab = LockId::Table(5);
     for a in [S, X, IS, IX, SIX] {
         for b in [S, X, IS, IX, SIX] {
@@ -353,8 +304,8 @@ fn intent_locks_follow_table4<T: Table>() {
 
 /// Each txn `i` holds `own[i]` in `first` mode, then (all at once) asks for `want[i]` in
 /// mode `second`. Returns the per-txn results.
-fn run_cycle<T: Table>(
-    t: &Arc<T>,
+fn run_cycle(
+    t: &Arc<AnyTable>,
     own: Vec<LockId>,
     want: Vec<LockId>,
     first: LockMode,
@@ -397,43 +348,43 @@ fn assert_one_victim(results: &[Result<LockMode, LockFailure>], started: Instant
     );
 }
 
-fn deadlock_two_cycle<T: Table>() {
+/// Twenty rounds of [`run_cycle`] on fresh waits-for-graph tables: exactly one victim each
+/// time, found without timeouts, and nothing left behind.
+fn one_victim_per_cycle(
+    kind: LockTableKind,
+    own: Vec<LockId>,
+    want: Vec<LockId>,
+    (first, second): (LockMode, LockMode),
+) {
     for _ in 0..20 {
-        let t = table::<T>(DeadlockPolicy::WaitForGraph);
+        let t = table(kind, DeadlockPolicy::WaitForGraph);
         let start = Instant::now();
-        let r = run_cycle(&t, vec![key(1), key(2)], vec![key(2), key(1)], X, X);
+        let r = run_cycle(&t, own.clone(), want.clone(), first, second);
         assert_one_victim(&r, start);
         assert_eq!(t.queue_count(), 0);
+        assert!(t.is_idle(), "a waits-for edge or a grown shard left behind");
     }
 }
 
-fn deadlock_three_cycle<T: Table>() {
-    for _ in 0..20 {
-        let t = table::<T>(DeadlockPolicy::WaitForGraph);
-        let start = Instant::now();
-        let own = vec![key(1), key(2), key(3)];
-        let want = vec![key(2), key(3), key(1)];
-        let r = run_cycle(&t, own, want, X, X);
-        assert_one_victim(&r, start);
-        assert_eq!(t.queue_count(), 0);
-    }
+fn deadlock_two_cycle(kind: LockTableKind) {
+    one_victim_per_cycle(kind, vec![key(1), key(2)], vec![key(2), key(1)], (X, X));
 }
 
-fn deadlock_upgrade<T: Table>() {
-    for _ in 0..20 {
-        let t = table::<T>(DeadlockPolicy::WaitForGraph);
-        let start = Instant::now();
-        // Both hold S on one key and convert to X; the victim keeps S until it unlocks.
-        let k = key(4);
-        let r = run_cycle(&t, vec![k.clone(), k.clone()], vec![k.clone(), k], S, X);
-        assert_one_victim(&r, start);
-        assert_eq!(t.queue_count(), 0);
-    }
+fn deadlock_three_cycle(kind: LockTableKind) {
+    let own = vec![key(1), key(2), key(3)];
+    let want = vec![key(2), key(3), key(1)];
+    one_victim_per_cycle(kind, own, want, (X, X));
 }
 
-fn waiting_chain_is_not_a_deadlock<T: Table>() {
+fn deadlock_upgrade(kind: LockTableKind) {
+    // Both hold S on one key and convert to X; the victim keeps S until it unlocks.
+    let k = vec![key(4), key(4)];
+    one_victim_per_cycle(kind, k.clone(), k, (S, X));
+}
+
+fn waiting_chain_is_not_a_deadlock(kind: LockTableKind) {
     // T2 waits for T1, T3 for T2 (on another lock): no cycle, nobody is a victim.
-    let t = table::<T>(DeadlockPolicy::WaitForGraph);
+    let t = table(kind, DeadlockPolicy::WaitForGraph);
     let (a, b) = (key(1), key(2));
     t.lock(1, &a, X, LONG).unwrap();
     t.lock(2, &b, X, LONG).unwrap();
@@ -447,24 +398,18 @@ fn waiting_chain_is_not_a_deadlock<T: Table>() {
         })
     };
     wait_until("T2 waits", || t.waiters(&a) == 1);
-    let h3 = {
-        let (t, b) = (t.clone(), b.clone());
-        thread::spawn(move || {
-            let r = t.lock(3, &b, X, LONG);
-            t.unlock(3, &b);
-            r
-        })
-    };
+    let h3 = spawn_lock(&t, 3, &b, X, LONG);
     wait_until("T3 waits", || t.waiters(&b) == 1);
     thread::sleep(Duration::from_millis(30)); // a few re-checks
     t.unlock(1, &a);
     assert_eq!(h2.join().unwrap(), Ok(X));
     assert_eq!(h3.join().unwrap(), Ok(X));
     assert_eq!(t.queue_count(), 0);
+    assert!(t.is_idle(), "a waits-for edge or a grown shard left behind");
 }
 
-fn timeout_policy_breaks_deadlock_by_timeout<T: Table>() {
-    let t = table::<T>(DeadlockPolicy::Timeout);
+fn timeout_policy_breaks_deadlock_by_timeout(kind: LockTableKind) {
+    let t = table(kind, DeadlockPolicy::Timeout);
     let (a, b) = (key(1), key(2));
     let barrier = Arc::new(Barrier::new(2));
     let hs: Vec<_> = [(a.clone(), b.clone()), (b, a)]
@@ -490,8 +435,8 @@ fn timeout_policy_breaks_deadlock_by_timeout<T: Table>() {
     assert_eq!(t.queue_count(), 0);
 }
 
-fn many_keys_queue_count<T: Table>() {
-    let t = table::<T>(DeadlockPolicy::WaitForGraph);
+fn many_keys_queue_count(kind: LockTableKind) {
+    let t = table(kind, DeadlockPolicy::WaitForGraph);
     let k = |i: u32| LockId::Key(i % 7, i.to_le_bytes().to_vec().into_boxed_slice());
     for i in 0..2000u32 {
         t.lock(u64::from(i % 3), &k(i), XN, LONG).unwrap();
@@ -505,10 +450,11 @@ fn many_keys_queue_count<T: Table>() {
     t.unlock(1, &LockId::NegInf(3));
     t.unlock(1, &LockId::Database);
     assert_eq!(t.queue_count(), 0);
+    assert!(t.is_idle(), "a waits-for edge or a grown shard left behind");
 }
 
-fn tags_outlive_requests<T: Table>() {
-    let t = table::<T>(DeadlockPolicy::WaitForGraph);
+fn tags_outlive_requests(kind: LockTableKind) {
+    let t = table(kind, DeadlockPolicy::WaitForGraph);
     let k = key(3);
     assert_eq!(t.tag(&k), 0);
     t.lock(1, &k, X, LONG).unwrap();
@@ -971,7 +917,7 @@ fn dsg_run(
     epoch_len: Option<u64>,
     duration: Duration,
 ) {
-    use common::dsg::{History, TxnRecord, Version};
+    use common::dsg::{History, Recorder, TxnRecord, Version};
     use std::collections::HashMap;
 
     #[allow(non_snake_case)]
@@ -1004,24 +950,14 @@ fn dsg_run(
                     let epoch = epoch_len.map_or(0, |n| id / n);
                     let mut attempt = || -> shoal::Result<TxnRecord> {
                         let mut tx = db.begin();
-                        let mut rec = TxnRecord::new(id);
-                        let mut own: HashMap<String, Version> = HashMap::new();
-                        let mut seq = 0;
+                        let mut r = Recorder::new(id);
                         for _ in 0..rng.gen_range(2..=5) {
                             let op = rng.gen_range(0..10);
                             if op < 8 {
                                 let key = k(epoch, rng.gen_range(0..KEYS));
-                                let seen = Version::decode(tx.get(t, &key)?.as_deref());
-                                match own.get(&key) {
-                                    Some(mine) => assert_eq!(seen, *mine, "own write"),
-                                    None => rec.reads.push((key.clone(), seen)),
-                                }
+                                let seen = r.get(&mut tx, t, &key)?;
                                 if op >= 4 {
-                                    seq += 1;
-                                    let new = Version { writer: id, seq };
-                                    tx.put(t, &key, new.encode())?;
-                                    own.insert(key.clone(), new);
-                                    rec.writes.push((key, new, seen));
+                                    r.put(&mut tx, t, key, seen)?;
                                 }
                             } else {
                                 let lo = format!("e{epoch:06}/").into_bytes();
@@ -1036,15 +972,12 @@ fn dsg_run(
                                 for i in 0..KEYS {
                                     let key = k(epoch, i);
                                     let seen = found.get(&key).copied().unwrap_or(Version::INITIAL);
-                                    match own.get(&key) {
-                                        Some(mine) => assert_eq!(seen, *mine, "own write"),
-                                        None => rec.reads.push((key, seen)),
-                                    }
+                                    r.observe(&key, seen);
                                 }
                             }
                         }
                         tx.commit()?;
-                        Ok(rec)
+                        Ok(r.rec)
                     };
                     match attempt() {
                         Ok(rec) => history.lock().unwrap().push(rec),

@@ -26,8 +26,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use shoal::lock::{
-    deadlock, dread, DeadlockPolicy, LockFailure, LockId, LockMode, LockTable, LockTableFootprint,
-    TxnId, Victim,
+    deadlock, dread, DeadlockPolicy, Granted, LockFailure, LockId, LockMode, LockTable,
+    LockTableFootprint, TxnId, Victim,
 };
 
 #[path = "common/shuttle_park.rs"]

@@ -12,6 +12,7 @@ mod common;
 
 use std::ops::Bound;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver};
 use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
@@ -284,29 +285,11 @@ fn range_scan_edges(o: &shoal::Options) {
                     }
                     let mut tx = db.begin();
                     let a = scan(&mut tx, &t, r, rev).expect("first scan");
-                    let (done_tx, done_rx) = std::sync::mpsc::channel();
-                    let writer = {
-                        let (db, t) = (db.clone(), t.clone());
-                        std::thread::spawn(move || {
-                            let res = db.run(|tx| {
-                                if present {
-                                    tx.delete(&t, k).map(|_| ())
-                                } else {
-                                    tx.insert(&t, k, enc(8))
-                                }
-                            });
-                            let _ = done_tx.send(());
-                            res
-                        })
-                    };
+                    let (writer, done) = toggle_in_thread(&db, &t, k, present);
                     // Let the writer run (or block) before the second scan.
-                    let _ = done_rx.recv_timeout(Duration::from_millis(10));
+                    let _ = done.recv_timeout(Duration::from_millis(10));
                     let b = scan(&mut tx, &t, r, !rev).expect("second scan");
-                    let committed = reader_committed(&o, tx.commit(), &what);
-                    writer
-                        .join()
-                        .expect("writer thread")
-                        .expect("writer committed eventually");
+                    let committed = commit_both(&o, tx, writer, &what);
                     let case = format!(
                         "{what}: range {r}, key {k} {}, first scan {}",
                         if present { "deleted" } else { "inserted" },
@@ -317,16 +300,61 @@ fn range_scan_edges(o: &shoal::Options) {
                     if committed {
                         assert_eq!(keys(&a), keys(&b), "{case}: PHANTOM: the two scans differ");
                     }
-                    let after = db.run(|tx| tx.get(&t, k)).expect("read after");
-                    assert_eq!(
-                        after.is_some(),
-                        !present,
-                        "{case}: the writer's change is missing"
-                    );
+                    assert_toggled(&db, &t, k, present, &case);
                 }
             }
         }
     }
+}
+
+/// The writer of the deterministic tests, in a thread of its own: deletes `k` if it is
+/// `present`, else inserts it. The receiver hears when its transaction is over.
+fn toggle_in_thread(
+    db: &Database,
+    t: &Table,
+    k: &'static str,
+    present: bool,
+) -> (std::thread::JoinHandle<shoal::Result<()>>, Receiver<()>) {
+    let (done_tx, done_rx) = mpsc::channel();
+    let (db, t) = (db.clone(), t.clone());
+    let writer = std::thread::spawn(move || {
+        let res = db.run(|tx| {
+            if present {
+                tx.delete(&t, k).map(|_| ())
+            } else {
+                tx.insert(&t, k, enc(8))
+            }
+        });
+        let _ = done_tx.send(());
+        res
+    });
+    (writer, done_rx)
+}
+
+/// Commits the reader (`true` if it could: see [`reader_committed`]) and waits for the
+/// writer of [`toggle_in_thread`], which must commit.
+fn commit_both(
+    o: &shoal::Options,
+    reader: shoal::Transaction<'_>,
+    writer: std::thread::JoinHandle<shoal::Result<()>>,
+    what: &str,
+) -> bool {
+    let committed = reader_committed(o, reader.commit(), what);
+    writer
+        .join()
+        .expect("writer thread")
+        .expect("writer committed eventually");
+    committed
+}
+
+/// After the writer of [`toggle_in_thread`] finished: its change is in place.
+fn assert_toggled(db: &Database, t: &Table, k: &str, present: bool, case: &str) {
+    let after = db.run(|tx| tx.get(t, k)).expect("read after");
+    assert_eq!(
+        after.is_some(),
+        !present,
+        "{case}: the writer's change is missing"
+    );
 }
 
 /// A point lookup of an absent key twice returns `None` both times while another transaction
@@ -343,25 +371,10 @@ fn point_lookup_phantom() {
                 }
                 let mut tx = db.begin();
                 let a = tx.get(&t, k).expect("first get");
-                let writer = {
-                    let (db, t) = (db.clone(), t.clone());
-                    std::thread::spawn(move || {
-                        db.run(|tx| {
-                            if present {
-                                tx.delete(&t, k).map(|_| ())
-                            } else {
-                                tx.insert(&t, k, enc(8))
-                            }
-                        })
-                    })
-                };
+                let (writer, _) = toggle_in_thread(&db, &t, k, present);
                 std::thread::sleep(Duration::from_millis(20));
                 let b = tx.get(&t, k).expect("second get");
-                let committed = reader_committed(&o, tx.commit(), &what);
-                writer
-                    .join()
-                    .expect("writer thread")
-                    .expect("writer committed eventually");
+                let committed = commit_both(&o, tx, writer, &what);
                 let case = format!(
                     "{what}: key {k} {}",
                     if present { "deleted" } else { "inserted" }
@@ -370,12 +383,7 @@ fn point_lookup_phantom() {
                 if committed {
                     assert_eq!(a, b, "{case}: PHANTOM: the two gets differ");
                 }
-                let after = db.run(|tx| tx.get(&t, k)).expect("read after");
-                assert_eq!(
-                    after.is_some(),
-                    !present,
-                    "{case}: the writer's change is missing"
-                );
+                assert_toggled(&db, &t, k, present, &case);
             }
         }
     }

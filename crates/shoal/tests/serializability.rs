@@ -22,7 +22,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use shoal::{Database, Table};
 
-use common::dsg::{find_cycle, v, History, TxnRecord, Version, Violation};
+use common::dsg::{find_cycle, v, History, Recorder, TxnRecord, Version, Violation};
 use common::{mode_name, modes, KeyRange};
 
 // ---------------------------------------------------------------------------------------
@@ -227,21 +227,6 @@ struct Shared {
     scans: AtomicU64,
 }
 
-/// Reads `k` as the transaction sees it: checks read-your-own-writes for keys this
-/// transaction wrote, records a read of another transaction's (or the initial) version
-/// otherwise. Returns the version seen.
-fn observe(rec: &mut TxnRecord, own: &HashMap<String, Version>, k: &str, seen: Version) -> Version {
-    match own.get(k) {
-        Some(mine) => assert_eq!(
-            seen, *mine,
-            "T{}: read {k} after writing it and saw {seen}, not its own write {mine}",
-            rec.id
-        ),
-        None => rec.reads.push((k.to_string(), seen)),
-    }
-    seen
-}
-
 /// A random range inside the key space of `epoch`: bounds on its keys, inclusive or
 /// exclusive, or the epoch's own low / high fence (standing in for unbounded ends).
 fn random_range(rng: &mut StdRng, epoch: u64) -> KeyRange {
@@ -271,22 +256,15 @@ fn attempt(
     shared: &Shared,
 ) -> shoal::Result<TxnRecord> {
     let mut tx = db.begin();
-    let mut rec = TxnRecord::new(id);
-    let mut own: HashMap<String, Version> = HashMap::new();
-    let mut seq = 0u32;
+    let mut rec = Recorder::new(id);
     let epoch = id / EPOCH;
     for _ in 0..rng.gen_range(2..=5) {
         let op = rng.gen_range(0..if with_scans { 10 } else { 8 });
         if op < 8 {
             let k = key(epoch, rng.gen_range(0..KEYS));
-            let seen = Version::decode(tx.get(t, &k)?.as_deref());
-            let old = observe(&mut rec, &own, &k, seen);
+            let old = rec.get(&mut tx, t, &k)?;
             if op >= 4 {
-                seq += 1;
-                let new = Version { writer: id, seq };
-                tx.put(t, &k, new.encode())?;
-                own.insert(k.clone(), new);
-                rec.writes.push((k, new, old));
+                rec.put(&mut tx, t, k, old)?;
             }
         } else {
             let r = random_range(rng, epoch);
@@ -318,14 +296,14 @@ fn attempt(
                 let k = key(epoch, i);
                 if r.contains_key(k.as_bytes()) {
                     let seen = found.remove(&k).unwrap_or(Version::INITIAL);
-                    observe(&mut rec, &own, &k, seen);
+                    rec.observe(&k, seen);
                 }
             }
             assert!(found.is_empty(), "scan {r} returned unknown keys {found:?}");
         }
     }
     tx.commit()?;
-    Ok(rec)
+    Ok(rec.rec)
 }
 
 fn random_workload(name: &str, with_scans: bool) {
@@ -429,12 +407,10 @@ fn counter(epoch: u64, j: usize) -> String {
 /// Doppel can apply it to a split record) or reads them, mixed with point reads and writes.
 fn split_attempt(db: &Database, t: &Table, id: u64, rng: &mut StdRng) -> shoal::Result<TxnRecord> {
     let mut tx = db.begin();
-    let mut rec = TxnRecord::new(id);
-    let mut own: HashMap<String, Version> = HashMap::new();
+    let mut rec = Recorder::new(id);
     let (cepoch, bit) = (id / ADD_EPOCH, (id % ADD_EPOCH) as u32);
     let adder = rng.gen_bool(0.5);
     let mut touched = [false; COUNTERS];
-    let mut seq = 0u32;
     for _ in 0..rng.gen_range(2..=5) {
         if rng.gen_bool(0.5) {
             let j = rng.gen_range(0..COUNTERS);
@@ -444,26 +420,21 @@ fn split_attempt(db: &Database, t: &Table, id: u64, rng: &mut StdRng) -> shoal::
             let k = counter(cepoch, j);
             if adder {
                 tx.add(t, &k, 1i64 << bit)?;
-                rec.adds.push((k, bit));
+                rec.rec.adds.push((k, bit));
             } else {
                 let seen = tx.get_i64(t, &k)?.unwrap_or(0);
-                rec.sums.push((k, seen as u64));
+                rec.rec.sums.push((k, seen as u64));
             }
         } else {
             let k = key(id / EPOCH, rng.gen_range(0..KEYS));
-            let seen = Version::decode(tx.get(t, &k)?.as_deref());
-            let old = observe(&mut rec, &own, &k, seen);
+            let old = rec.get(&mut tx, t, &k)?;
             if rng.gen_bool(0.5) {
-                seq += 1;
-                let new = Version { writer: id, seq };
-                tx.put(t, &k, new.encode())?;
-                own.insert(k.clone(), new);
-                rec.writes.push((k, new, old));
+                rec.put(&mut tx, t, k, old)?;
             }
         }
     }
     tx.commit()?;
-    Ok(rec)
+    Ok(rec.rec)
 }
 
 /// Under every mode (2PL and OCC run the adds as ordinary read-modify-writes; Doppel splits

@@ -69,6 +69,31 @@ fn record(args: &str, tps: u64, intervals: Vec<Sample>) -> Record {
     Record::new(&b.params(), &res)
 }
 
+/// A sample `t_s` seconds into the window: 10 commits at `tps`, `total_commits` so far.
+fn sample(t_s: f64, total_commits: u64, tps: f64) -> Sample {
+    Sample {
+        t_s,
+        commits: 10,
+        total_commits,
+        tps,
+        aborts: 0,
+        p99_us: 1.0,
+        gauges: Default::default(),
+    }
+}
+
+/// An unlabelled finished run in group 0 for each command line of `args`, 20 commits per
+/// second, with the samples `intervals`.
+fn runs(args: impl IntoIterator<Item = String>, intervals: &[Sample]) -> Vec<Done> {
+    args.into_iter()
+        .map(|a| Done {
+            group: 0,
+            label: String::new(),
+            rec: record(&a, 20, intervals.to_vec()),
+        })
+        .collect()
+}
+
 #[test]
 fn series_name_the_sweep_and_the_options_varying_in_it() {
     let groups = vec![Group::new("g", "threads")
@@ -117,27 +142,10 @@ fn time_panels_plot_the_samples() {
     let groups = vec![Group::new("t", TIME)
         .metrics(&[Metric::Completed, Metric::IntervalTps])
         .sweep("", "tpcb --victim kill-short,kill-long --csv x.csv")];
-    let sample = |t_s, total_commits| Sample {
-        t_s,
-        commits: 10,
-        total_commits,
-        tps: 10.0,
-        aborts: 0,
-        p99_us: 1.0,
-        gauges: Default::default(),
-    };
-    let done: Vec<Done> = ["kill-short", "kill-long"]
-        .into_iter()
-        .map(|v| Done {
-            group: 0,
-            label: String::new(),
-            rec: record(
-                &format!("tpcb --victim {v}"),
-                20,
-                vec![sample(1.0, 10), sample(2.0, 20)],
-            ),
-        })
-        .collect();
+    let done = runs(
+        ["kill-short", "kill-long"].map(|v| format!("tpcb --victim {v}")),
+        &[sample(1.0, 10, 10.0), sample(2.0, 20, 10.0)],
+    );
     let e = find("E5").unwrap();
     let p = panels(e, &groups, &done);
     assert_eq!(p.len(), 2);
@@ -157,30 +165,15 @@ fn time_panels_mark_the_hot_key_moves() {
     let b = parse_bench(&groups[0].runs[0].args).unwrap();
     assert_eq!(b.doppel.hot_move_every, Some(vec!["1.5s".to_string()]));
     assert!(b.params().sampling.is_some_and(|s| s.print));
-    let sample = |t_s| Sample {
-        t_s,
-        commits: 10,
-        total_commits: 10,
-        tps: 100.0,
-        aborts: 0,
-        p99_us: 1.0,
-        gauges: Default::default(),
-    };
-    let done: Vec<Done> = ["0", "1"]
-        .into_iter()
-        .map(|warmup| Done {
-            group: 0,
-            label: String::new(),
-            rec: record(
-                &format!(
-                    "incr1 --cc occ --hot-fraction 0.1 --hot-move-every 1500ms \
-                     --duration 6 --warmup {warmup}"
-                ),
-                20,
-                vec![sample(0.1), sample(0.2)],
-            ),
-        })
-        .collect();
+    let done = runs(
+        ["0", "1"].map(|warmup| {
+            format!(
+                "incr1 --cc occ --hot-fraction 0.1 --hot-move-every 1500ms --duration 6 \
+                 --warmup {warmup}"
+            )
+        }),
+        &[sample(0.1, 10, 100.0), sample(0.2, 10, 100.0)],
+    );
     assert_eq!(done[0].rec.options["hot_move_every"], Value::from("1500ms"));
     assert_eq!(workload_changes(&done[0].rec), [1.5, 3.0, 4.5]);
     assert_eq!(workload_changes(&done[1].rec), [0.5, 2.0, 3.5, 5.0]);

@@ -471,18 +471,25 @@ pub(crate) mod tests {
         records
     }
 
+    /// Runs YCSB mix `mix` and INCR1 with hot fraction `hot` on `engines`, every run
+    /// checked; returns INCR1's parameters.
+    fn ycsb_and_incr1(engines: &[EngineKind], mix: &str, hot: f64) -> PortableParams {
+        let mut y = params(WorkloadKind::Ycsb, engines);
+        y.mixes = Some(vec![mix.into()]);
+        all_ok(&y);
+        let mut i = params(WorkloadKind::Incr1, engines);
+        i.hot_fractions = Some(vec![hot]);
+        all_ok(&i);
+        i
+    }
+
     #[test]
     fn shoal_modes_run_every_portable_workload() {
         let engines = [EngineKind::Shoal2pl, EngineKind::ShoalOcc];
         let recs = all_ok(&params(WorkloadKind::Tpcb, &engines));
         assert_eq!(recs[0].vs_shoal_2pl, Some(1.0));
         assert!(recs[2].vs_shoal_2pl.is_some());
-        let mut y = params(WorkloadKind::Ycsb, &engines);
-        y.mixes = Some(vec!["a".into()]);
-        all_ok(&y);
-        let mut i = params(WorkloadKind::Incr1, &engines);
-        i.hot_fractions = Some(vec![0.5]);
-        all_ok(&i);
+        let i = ycsb_and_incr1(&engines, "a", 0.5);
         let table = render_table(&i, &execute(&i).0);
         assert!(
             table.contains("shoal-occ") && table.contains("vs 2pl"),
@@ -586,11 +593,6 @@ pub(crate) mod tests {
             EngineKind::RocksdbOptimistic,
         ];
         all_ok(&params(WorkloadKind::Tpcb, &e));
-        let mut y = params(WorkloadKind::Ycsb, &e);
-        y.mixes = Some(vec!["a".into()]);
-        all_ok(&y);
-        let mut i = params(WorkloadKind::Incr1, &e);
-        i.hot_fractions = Some(vec![0.9]);
-        all_ok(&i);
+        ycsb_and_incr1(&e, "a", 0.9);
     }
 }

@@ -29,13 +29,12 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use indicatif::ProgressBar;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use shoal::{Database, Table, Transaction};
 
 use super::doppel_args::{float, key16, label_top, parse_key16, text};
-use super::{load_ids, Ledger, Workload};
+use super::{load_ids, Ledger, Load, Workload};
 use crate::config::{Cc, RunConfig};
 use crate::dist::{KeyDist, Sampler};
 
@@ -159,20 +158,15 @@ impl Incr {
 impl Workload for Incr {
     type Worker = IncrWorker;
 
-    fn load(
-        db: &Database,
-        cfg: &RunConfig,
-        load_threads: usize,
-        progress: &ProgressBar,
-    ) -> anyhow::Result<Incr> {
-        let n = cfg.records.max(2);
-        let table = super::create_table(db, "counters")?;
+    fn load(l: Load<'_>) -> anyhow::Result<Incr> {
+        let n = l.cfg.records.max(2);
+        let table = super::create_table(l.db, "counters")?;
         load_ids(
-            db,
+            l.db,
             n,
             LOAD_CHUNK,
-            load_threads,
-            progress,
+            l.load_threads,
+            l.progress,
             "counters",
             |tx, i| {
                 let mut k = [0u8; 16];
@@ -180,13 +174,13 @@ impl Workload for Incr {
                 Ok(1)
             },
         )?;
-        label_top(db, cfg, &table, b'k', n)?;
-        let atomic = (cfg.cc == Cc::Atomic).then(|| (0..n).map(|_| AtomicI64::new(0)).collect());
+        label_top(l.db, l.cfg, &table, b'k', n)?;
+        let atomic = (l.cfg.cc == Cc::Atomic).then(|| (0..n).map(|_| AtomicI64::new(0)).collect());
         Ok(Incr {
             table,
             n,
             atomic,
-            hot_key: Incr::is_incr1(cfg),
+            hot_key: Incr::is_incr1(l.cfg),
             run_start: Mutex::new(None),
             moves: Mutex::new(None),
         })
@@ -368,12 +362,39 @@ mod tests {
         assert_ne!(draw_incr1(&mut rng, 0.0, 5, 4).0, 4);
     }
 
+    /// INCR1 loaded (one thread) under `cc` with `records` counters, a `hot` fraction of the
+    /// transactions on the hot counter, and the `extra` options.
+    fn hot_incr(
+        cc: &str,
+        records: u64,
+        hot: f64,
+        extra: &[(&'static str, Value)],
+    ) -> (RunConfig, Database, Incr) {
+        let mut x = vec![
+            ("records", Value::Int(records)),
+            ("hot-fraction", Value::Float(hot)),
+        ];
+        x.extend_from_slice(extra);
+        let cfg = config(cc, &x);
+        let db = open(&cfg);
+        let w = crate::workloads::testutil::load::<Incr>(&db, &cfg, 1);
+        (cfg, db, w)
+    }
+
+    /// [`run`] under 2PL, OCC and Doppel.
+    fn under_every_cc(extra: &[(&'static str, Value)]) {
+        for cc in ["2pl", "occ", "doppel"] {
+            run(cc, extra);
+        }
+    }
+
+    /// 300 transactions on 500 counters (the hottest split under Doppel), checked.
     fn run(cc: &str, extra: &[(&'static str, Value)]) {
         let mut x = vec![("records", Value::Int(500))];
         x.extend_from_slice(extra);
         let cfg = config(cc, &x);
         let db = open(&cfg);
-        let w = Incr::load(&db, &cfg, 2, &ProgressBar::hidden()).unwrap();
+        let w = crate::workloads::testutil::load::<Incr>(&db, &cfg, 2);
         // Split the hottest counter from the start (the classification needs longer).
         let (ledger, _) = run_split(&w, &db, &cfg, 300, 1, |w| {
             db.split_hint(&w.table, b"k000000000000000", shoal::doppel::SplitOp::Add)
@@ -391,22 +412,16 @@ mod tests {
 
     #[test]
     fn incr1_checks_under_every_cc() {
-        for cc in ["2pl", "occ", "doppel"] {
-            run(cc, &[("hot-fraction", Value::Float(0.9))]);
-        }
+        under_every_cc(&[("hot-fraction", Value::Float(0.9))]);
     }
 
     #[test]
     fn incr1_with_a_moving_hot_key_checks_under_every_cc() {
-        for cc in ["2pl", "occ", "doppel"] {
-            run(
-                cc,
-                &[
-                    ("hot-fraction", Value::Float(0.5)),
-                    ("hot-move-every", Value::from("1ms")),
-                ],
-            );
-        }
+        let moving = [
+            ("hot-fraction", Value::Float(0.5)),
+            ("hot-move-every", Value::from("1ms")),
+        ];
+        under_every_cc(&moving);
     }
 
     #[test]
@@ -429,16 +444,8 @@ mod tests {
 
     #[test]
     fn workers_of_a_run_share_the_moving_hot_key() {
-        let cfg = config(
-            "occ",
-            &[
-                ("records", Value::Int(1000)),
-                ("hot-fraction", Value::Float(1.0)),
-                ("hot-move-every", Value::from("5ms")),
-            ],
-        );
-        let db = open(&cfg);
-        let w = Incr::load(&db, &cfg, 1, &ProgressBar::hidden()).unwrap();
+        let every = [("hot-move-every", Value::from("5ms"))];
+        let (cfg, _db, w) = hot_incr("occ", 1000, 1.0, &every);
         let (mut a, mut b) = (w.worker(&cfg, 0, 0, 1), w.worker(&cfg, 0, 1, 2));
         let start = a.moving.as_ref().unwrap().start;
         assert_eq!(b.moving.as_ref().unwrap().start, start);
@@ -462,22 +469,12 @@ mod tests {
 
     #[test]
     fn incrz_checks_under_every_cc() {
-        for cc in ["2pl", "occ", "doppel"] {
-            run(cc, &[("alpha", Value::Float(1.4))]);
-        }
+        under_every_cc(&[("alpha", Value::Float(1.4))]);
     }
 
     #[test]
     fn atomic_adds_count_in_the_check() {
-        let cfg = config(
-            "atomic",
-            &[
-                ("records", Value::Int(100)),
-                ("hot-fraction", Value::Float(1.0)),
-            ],
-        );
-        let db = open(&cfg);
-        let w = Incr::load(&db, &cfg, 1, &ProgressBar::hidden()).unwrap();
+        let (cfg, db, w) = hot_incr("atomic", 100, 1.0, &[]);
         let mut st = w.worker(&cfg, 0, 0, 1);
         for _ in 0..50 {
             w.next(&mut st);
@@ -511,15 +508,7 @@ mod tests {
 
     #[test]
     fn incr1_hot_share_follows_the_fraction() {
-        let cfg = config(
-            "2pl",
-            &[
-                ("records", Value::Int(100)),
-                ("hot-fraction", Value::Float(0.25)),
-            ],
-        );
-        let db = open(&cfg);
-        let w = Incr::load(&db, &cfg, 1, &ProgressBar::hidden()).unwrap();
+        let (cfg, _db, w) = hot_incr("2pl", 100, 0.25, &[]);
         let mut st = w.worker(&cfg, 0, 0, 3);
         let mut hot = 0;
         for _ in 0..10_000 {

@@ -12,10 +12,9 @@
 use std::sync::Mutex;
 
 use anyhow::{bail, Context};
-use indicatif::ProgressBar;
 use shoal::{Database, Table, Transaction};
 
-use super::{Ledger, Workload};
+use super::{Ledger, Load, Workload};
 use crate::config::RunConfig;
 
 /// Records inserted per commit.
@@ -49,14 +48,9 @@ impl Workload for Insert {
         0
     }
 
-    fn load(
-        db: &Database,
-        _cfg: &RunConfig,
-        _load_threads: usize,
-        _progress: &ProgressBar,
-    ) -> anyhow::Result<Insert> {
+    fn load(l: Load<'_>) -> anyhow::Result<Insert> {
         Ok(Insert {
-            db: db.clone(),
+            db: l.db.clone(),
             tables: Mutex::new(Vec::new()),
         })
     }
@@ -174,7 +168,7 @@ mod tests {
         .runs
         .remove(0)
         .0;
-        let ins = Insert::load(&db, &cfg, 1, &ProgressBar::hidden()).unwrap();
+        let ins = crate::workloads::testutil::load::<Insert>(&db, &cfg, 1);
         let mut w0 = ins.worker(&cfg, 0, 0, 0);
         let mut w1 = ins.worker(&cfg, 0, 1, 0);
         for (w, n) in [(&mut w0, 3), (&mut w1, 1)] {

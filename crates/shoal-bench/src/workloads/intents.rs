@@ -13,13 +13,12 @@
 //! only if every transaction released its intent locks.
 
 use anyhow::Context;
-use indicatif::ProgressBar;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use shoal::lock::LockMode;
 use shoal::{Database, Table, Transaction};
 
-use super::{Ledger, Workload};
+use super::{Ledger, Load, Workload};
 use crate::config::RunConfig;
 use crate::sweep::Value;
 
@@ -67,15 +66,10 @@ impl Workload for Intents {
         0
     }
 
-    fn load(
-        db: &Database,
-        _cfg: &RunConfig,
-        _load_threads: usize,
-        _progress: &ProgressBar,
-    ) -> anyhow::Result<Intents> {
+    fn load(l: Load<'_>) -> anyhow::Result<Intents> {
         let tables = TABLES
             .iter()
-            .map(|n| super::create_table(db, n))
+            .map(|n| super::create_table(l.db, n))
             .collect::<anyhow::Result<_>>()?;
         Ok(Intents { tables })
     }
@@ -152,7 +146,7 @@ mod tests {
                 ],
             );
             let db = Database::in_memory_with(cfg.options.clone());
-            let w = Intents::load(&db, &cfg, 1, &ProgressBar::hidden()).unwrap();
+            let w = crate::workloads::testutil::load::<Intents>(&db, &cfg, 1);
             let ledger = run_txns(&w, &db, &cfg, 300);
             w.check(&db, &ledger).unwrap();
             // A leaked IX blocks the database X lock of the check.
@@ -169,7 +163,7 @@ mod tests {
     fn draws_absolute_locks_at_the_given_rate() {
         let cfg = config("intents", &[("absolute-locks", Value::Int(250_000))]);
         let db = Database::in_memory_with(cfg.options.clone());
-        let w = Intents::load(&db, &cfg, 1, &ProgressBar::hidden()).unwrap();
+        let w = crate::workloads::testutil::load::<Intents>(&db, &cfg, 1);
         let mut st = w.worker(&cfg, 0, 0, 3);
         let mut abs = 0;
         for _ in 0..4_000 {

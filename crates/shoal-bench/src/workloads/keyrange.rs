@@ -21,7 +21,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use shoal::{Database, Table, Transaction};
 
-use super::{Ledger, Workload};
+use super::{Ledger, Load, Workload};
 use crate::config::RunConfig;
 
 /// Longest search, in ids (so up to about half as many keys).
@@ -69,13 +69,8 @@ impl KeyRange {
 impl Workload for KeyRange {
     type Worker = KeyRangeWorker;
 
-    fn load(
-        db: &Database,
-        cfg: &RunConfig,
-        _load_threads: usize,
-        progress: &ProgressBar,
-    ) -> anyhow::Result<KeyRange> {
-        KeyRange::load(db, cfg.records, progress)
+    fn load(l: Load<'_>) -> anyhow::Result<KeyRange> {
+        KeyRange::load(l.db, l.cfg.records, l.progress)
     }
 
     fn worker(&self, cfg: &RunConfig, _run: u16, _thread: u16, seed: u64) -> KeyRangeWorker {

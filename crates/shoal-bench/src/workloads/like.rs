@@ -14,13 +14,12 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::{bail, Context};
-use indicatif::ProgressBar;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use shoal::{Database, Table, Transaction};
 
 use super::doppel_args::{float, key16, label_top, parse_key16};
-use super::{load_ids, Ledger, Workload};
+use super::{load_ids, Ledger, Load, Workload};
 use crate::config::{Cc, RunConfig};
 use crate::dist::{KeyDist, Sampler};
 
@@ -93,21 +92,16 @@ impl Workload for Like {
         2 * cfg.records
     }
 
-    fn load(
-        db: &Database,
-        cfg: &RunConfig,
-        load_threads: usize,
-        progress: &ProgressBar,
-    ) -> anyhow::Result<Like> {
-        let n = cfg.records;
-        let users = super::create_table(db, "users")?;
-        let pages = super::create_table(db, "pages")?;
+    fn load(l: Load<'_>) -> anyhow::Result<Like> {
+        let n = l.cfg.records;
+        let users = super::create_table(l.db, "users")?;
+        let pages = super::create_table(l.db, "pages")?;
         load_ids(
-            db,
+            l.db,
             n,
             LOAD_CHUNK,
-            load_threads,
-            progress,
+            l.load_threads,
+            l.progress,
             "users and pages",
             |tx, i| {
                 let mut k = [0u8; 16];
@@ -116,7 +110,7 @@ impl Workload for Like {
                 Ok(2)
             },
         )?;
-        label_top(db, cfg, &pages, b'p', n)?;
+        label_top(l.db, l.cfg, &pages, b'p', n)?;
         Ok(Like {
             users,
             pages,
@@ -240,7 +234,7 @@ mod tests {
                 ],
             );
             let db = open(&cfg);
-            let w = Like::load(&db, &cfg, 2, &ProgressBar::hidden()).unwrap();
+            let w = crate::workloads::testutil::load::<Like>(&db, &cfg, 2);
             let (ledger, stats) = run_split(&w, &db, &cfg, 300, 0, |w| {
                 db.split_hint(&w.pages, b"p000000000000000", shoal::doppel::SplitOp::Add)
                     .unwrap();

@@ -179,6 +179,19 @@ impl Ledger {
     }
 }
 
+/// What [`Workload::load`] loads into and how.
+#[derive(Clone, Copy)]
+pub struct Load<'a> {
+    /// The empty database to create the workload's tables in.
+    pub db: &'a Database,
+    /// The run configuration (its database-changing options decide what is loaded).
+    pub cfg: &'a RunConfig,
+    /// Threads the load may use.
+    pub load_threads: usize,
+    /// Advanced by the rows loaded.
+    pub progress: &'a indicatif::ProgressBar,
+}
+
 /// A loaded workload: the transaction generator and the consistency check.
 ///
 /// The harness calls, per worker thread, [`worker`](Workload::worker) once, then for every
@@ -194,15 +207,8 @@ pub trait Workload: Sync + Sized {
         cfg.records
     }
 
-    /// Creates the workload's tables in the empty database `db` and loads them for `cfg`
-    /// (its database-changing options), using up to `load_threads` threads. Advances
-    /// `progress` by the rows loaded.
-    fn load(
-        db: &Database,
-        cfg: &RunConfig,
-        load_threads: usize,
-        progress: &indicatif::ProgressBar,
-    ) -> anyhow::Result<Self>;
+    /// Creates the workload's tables in the empty database and loads them (see [`Load`]).
+    fn load(l: Load<'_>) -> anyhow::Result<Self>;
 
     /// State for worker `thread` of the `run`-th run on this database.
     fn worker(&self, cfg: &RunConfig, run: u16, thread: u16, seed: u64) -> Self::Worker;
@@ -271,6 +277,18 @@ pub(crate) mod testutil {
     /// `extra` options.
     pub fn config_cc(cc: &str, extra: &[(&'static str, Value)]) -> RunConfig {
         RunConfig::for_test(cc, extra)
+    }
+
+    /// Loads `W` for `cfg` into `db` with `load_threads` threads and no progress bar.
+    pub fn load<W: Workload>(db: &Database, cfg: &RunConfig, load_threads: usize) -> W {
+        let progress = &indicatif::ProgressBar::hidden();
+        W::load(Load {
+            db,
+            cfg,
+            load_threads,
+            progress,
+        })
+        .expect("load")
     }
 
     /// An in-memory database with `cfg`'s options; Doppel phases shortened to 2 ms.

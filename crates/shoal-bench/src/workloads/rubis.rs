@@ -41,13 +41,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use anyhow::{bail, ensure, Context};
-use indicatif::ProgressBar;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use shoal::{Database, Table, Transaction};
 
 use super::doppel_args::{float, key16, parse_key16, text};
-use super::{parallel_load, Ledger, Workload};
+use super::{parallel_load, Ledger, Load, Workload};
 use crate::config::{Cc, RunConfig};
 use crate::dist::{KeyDist, Sampler};
 
@@ -194,16 +193,11 @@ impl Workload for Rubis {
         cfg.records + (cfg.records / USERS_PER_ITEM).max(1)
     }
 
-    fn load(
-        db: &Database,
-        cfg: &RunConfig,
-        load_threads: usize,
-        progress: &ProgressBar,
-    ) -> anyhow::Result<Rubis> {
-        let users = cfg.records;
+    fn load(l: Load<'_>) -> anyhow::Result<Rubis> {
+        let users = l.cfg.records;
         ensure!(users >= 1, "rubis needs at least one user");
         let items = (users / USERS_PER_ITEM).max(1);
-        let t = |name: &str| super::create_table(db, name);
+        let t = |name: &str| super::create_table(l.db, name);
         let t = Tables {
             users: t("users")?,
             items: t("items")?,
@@ -218,9 +212,9 @@ impl Workload for Rubis {
             regidx: t("regidx")?,
         };
         let chunks: Vec<u64> = (0..users.max(items)).step_by(LOAD_CHUNK as usize).collect();
-        parallel_load(&chunks, load_threads, progress, |&lo| {
+        parallel_load(&chunks, l.load_threads, l.progress, |&lo| {
             let hi = (lo + LOAD_CHUNK).min(users.max(items));
-            db.run(|tx| {
+            l.db.run(|tx| {
                 for i in lo..hi.min(users) {
                     tx.insert(&t.users, k16(b'u', i), k16(b'n', i))?;
                 }
@@ -584,7 +578,7 @@ mod tests {
                     ],
                 );
                 let db = open(&cfg);
-                let w = Rubis::load(&db, &cfg, 2, &ProgressBar::hidden()).unwrap();
+                let w = crate::workloads::testutil::load::<Rubis>(&db, &cfg, 2);
                 let (ledger, _) = run_split(&w, &db, &cfg, 250, 4, |w| {
                     use shoal::doppel::SplitOp;
                     let hot = k16(b'i', 0);

@@ -10,12 +10,11 @@
 //! exists, no balance is negative, and the balances sum to 5 × the commits.
 
 use anyhow::bail;
-use indicatif::ProgressBar;
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
 use shoal::{Database, Table, Transaction};
 
-use super::{Ledger, Workload};
+use super::{Ledger, Load, Workload};
 use crate::config::RunConfig;
 use crate::dist::{KeyDist, Sampler};
 
@@ -46,24 +45,19 @@ fn key(id: u64) -> [u8; 8] {
 impl Workload for Tellers {
     type Worker = TellersWorker;
 
-    fn load(
-        db: &Database,
-        cfg: &RunConfig,
-        load_threads: usize,
-        progress: &ProgressBar,
-    ) -> anyhow::Result<Tellers> {
-        let n = cfg.records;
+    fn load(l: Load<'_>) -> anyhow::Result<Tellers> {
+        let n = l.cfg.records;
         if n < TELLERS_PER_TXN as u64 {
             bail!("tellers needs at least {TELLERS_PER_TXN} tellers (--records), got {n}");
         }
-        let teller = super::create_table(db, "teller")?;
+        let teller = super::create_table(l.db, "teller")?;
         let zero = 0i64.to_le_bytes();
         super::load_ids(
-            db,
+            l.db,
             n,
             LOAD_BATCH,
-            load_threads,
-            progress,
+            l.load_threads,
+            l.progress,
             "tellers",
             |tx, id| {
                 tx.insert(&teller, key(id), zero)?;
@@ -140,7 +134,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let db = Database::open(dir.path(), shoal::Options::default()).unwrap();
         let cfg = config("tellers", &[("records", Value::Int(20))]);
-        let w = Tellers::load(&db, &cfg, 1, &ProgressBar::hidden()).unwrap();
+        let w = crate::workloads::testutil::load::<Tellers>(&db, &cfg, 1);
         let mut st = w.worker(&cfg, 0, 0, 7);
         for _ in 0..100 {
             w.next(&mut st);

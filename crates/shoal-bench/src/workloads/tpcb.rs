@@ -35,7 +35,7 @@ use rand::{Rng, SeedableRng};
 use shoal::{Database, Table, Transaction};
 
 use super::ops::{Scan, TxOps};
-use super::{parallel_load, Ledger, Workload};
+use super::{parallel_load, Ledger, Load, Workload};
 use crate::config::RunConfig;
 use crate::dist::{KeyDist, Sampler};
 
@@ -494,13 +494,8 @@ impl Workload for Tpcb {
         rows(cfg.scale)
     }
 
-    fn load(
-        db: &Database,
-        cfg: &RunConfig,
-        load_threads: usize,
-        progress: &ProgressBar,
-    ) -> anyhow::Result<Tpcb> {
-        Tpcb::load(db, cfg.scale, load_threads, progress)
+    fn load(l: Load<'_>) -> anyhow::Result<Tpcb> {
+        Tpcb::load(l.db, l.cfg.scale, l.load_threads, l.progress)
     }
 
     fn worker(&self, cfg: &RunConfig, run: u16, thread: u16, seed: u64) -> TpcbWorker {

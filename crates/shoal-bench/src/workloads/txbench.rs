@@ -31,12 +31,11 @@ use std::ops::Bound;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 use anyhow::{ensure, Context};
-use indicatif::ProgressBar;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use shoal::{Database, Table, Transaction};
 
-use super::{Ledger, Workload};
+use super::{Ledger, Load, Workload};
 use crate::config::RunConfig;
 use crate::sweep::Value;
 
@@ -264,14 +263,9 @@ impl Workload for Txbench {
         3 * TxbenchParams::of(cfg).rows
     }
 
-    fn load(
-        db: &Database,
-        cfg: &RunConfig,
-        load_threads: usize,
-        progress: &ProgressBar,
-    ) -> anyhow::Result<Txbench> {
-        let rows = TxbenchParams::of(cfg).rows;
-        let create = |name: &str| super::create_table(db, name);
+    fn load(l: Load<'_>) -> anyhow::Result<Txbench> {
+        let rows = TxbenchParams::of(l.cfg).rows;
+        let create = |name: &str| super::create_table(l.db, name);
         let tables = [
             create("txbench1")?,
             create("txbench2")?,
@@ -289,7 +283,7 @@ impl Workload for Txbench {
         let sums: [AtomicI64; 3] = Default::default();
         let next = AtomicU64::new(0);
         std::thread::scope(|s| -> anyhow::Result<()> {
-            let handles: Vec<_> = (0..load_threads.clamp(1, items.len()))
+            let handles: Vec<_> = (0..l.load_threads.clamp(1, items.len()))
                 .map(|_| {
                     s.spawn(|| -> anyhow::Result<()> {
                         loop {
@@ -300,7 +294,7 @@ impl Workload for Txbench {
                             // Deterministic contents: one generator per batch.
                             let seed = (t as u64) << 40 | lo;
                             let mut sum = 0;
-                            db.run(|tx| {
+                            l.db.run(|tx| {
                                 let mut rng = SmallRng::seed_from_u64(seed);
                                 sum = 0;
                                 for id in lo..hi {
@@ -316,7 +310,7 @@ impl Workload for Txbench {
                             })
                             .with_context(|| format!("loading txbench{} rows {lo}..{hi}", t + 1))?;
                             sums[t].fetch_add(sum, Ordering::Relaxed);
-                            progress.inc(hi - lo);
+                            l.progress.inc(hi - lo);
                         }
                     })
                 })
@@ -502,7 +496,7 @@ mod tests {
                 ],
             );
             let db = Database::in_memory_with(cfg.options.clone());
-            let w = Txbench::load(&db, &cfg, 2, &ProgressBar::hidden()).unwrap();
+            let w = crate::workloads::testutil::load::<Txbench>(&db, &cfg, 2);
             let ledger = run_txns(&w, &db, &cfg, 200);
             let msg = w.check(&db, &ledger).unwrap();
             assert!(msg.contains("2000 rows"), "{msg}");

@@ -40,7 +40,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use shoal::{Database, Table, Transaction};
 
-use super::{Ledger, Workload};
+use super::{Ledger, Load, Workload};
 use crate::config::RunConfig;
 use crate::dist::{KeyDist, Sampler};
 
@@ -256,13 +256,14 @@ impl Ycsb {
 impl Workload for Ycsb {
     type Worker = YcsbWorker;
 
-    fn load(
-        db: &Database,
-        cfg: &RunConfig,
-        load_threads: usize,
-        progress: &ProgressBar,
-    ) -> anyhow::Result<Ycsb> {
-        Ycsb::load(db, cfg.records, cfg.field_size, load_threads, progress)
+    fn load(l: Load<'_>) -> anyhow::Result<Ycsb> {
+        Ycsb::load(
+            l.db,
+            l.cfg.records,
+            l.cfg.field_size,
+            l.load_threads,
+            l.progress,
+        )
     }
 
     fn worker(&self, cfg: &RunConfig, run: u16, thread: u16, seed: u64) -> YcsbWorker {

@@ -81,6 +81,9 @@ use object::{Object, Refused, IS, IX, S, X};
 
 use super::{LockFailure, LockMode};
 
+/// How an intent lock request ends: taken, or why not.
+pub type Taken = Result<(), LockFailure>;
+
 /// The global lightweight-intent-lock table: one slot per lockable object (object 0 is the
 /// database, table `t` is object `t`).
 ///
@@ -210,40 +213,27 @@ impl LightweightIntentLocks {
 
     /// Acquires `mode` (IS, IX, S, SIX or X) on `obj` for the transaction owning `mine`,
     /// waiting up to the timeout for its kind (Algorithm 3).
-    pub fn lock(
-        &self,
-        mine: &mut PrivateIntents,
-        obj: u32,
-        mode: LockMode,
-    ) -> Result<(), LockFailure> {
-        for &p in parts(mode) {
-            self.lock_part(mine, obj, p, true)?;
-        }
-        Ok(())
+    pub fn lock(&self, mine: &mut PrivateIntents, obj: u32, mode: LockMode) -> Taken {
+        self.lock_parts(mine, obj, mode, true)
     }
 
     /// Like [`lock`](Self::lock) but fails with [`LockFailure::WouldBlock`] instead of
     /// waiting (parts of a SIX granted before the failure stay held).
-    pub fn try_lock(
-        &self,
-        mine: &mut PrivateIntents,
-        obj: u32,
-        mode: LockMode,
-    ) -> Result<(), LockFailure> {
+    pub fn try_lock(&self, mine: &mut PrivateIntents, obj: u32, mode: LockMode) -> Taken {
+        self.lock_parts(mine, obj, mode, false)
+    }
+
+    /// Each part of `mode` in turn (SIX is S and IX), waiting or not.
+    #[inline]
+    fn lock_parts(&self, mine: &mut PrivateIntents, obj: u32, mode: LockMode, wait: bool) -> Taken {
         for &p in parts(mode) {
-            self.lock_part(mine, obj, p, false)?;
+            self.lock_part(mine, obj, p, wait)?;
         }
         Ok(())
     }
 
     #[inline]
-    fn lock_part(
-        &self,
-        mine: &mut PrivateIntents,
-        obj: u32,
-        p: usize,
-        wait: bool,
-    ) -> Result<(), LockFailure> {
+    fn lock_part(&self, mine: &mut PrivateIntents, obj: u32, p: usize, wait: bool) -> Taken {
         let held = mine.mask(obj);
         if covered(held, p) {
             return Ok(());

@@ -179,7 +179,8 @@ mod sync {
 
 use super::{deadlock, dread};
 use super::{
-    DeadlockPolicy, LockFailure, LockId, LockMode, LockTable, LockTableFootprint, TxnId, Victim,
+    DeadlockPolicy, Granted, LockFailure, LockId, LockMode, LockTable, LockTableFootprint, TxnId,
+    Victim,
 };
 
 pub use table::{

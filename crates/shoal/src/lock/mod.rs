@@ -165,6 +165,9 @@ pub enum WaitStyle {
     Hybrid,
 }
 
+/// How a lock request ends: the mode now held, or why it was not granted.
+pub type Granted = Result<LockMode, LockFailure>;
+
 /// The interface every lock table implements. Implementations are shared by all threads.
 ///
 /// A transaction holds at most one request per [`LockId`]; asking again for a lock it holds is
@@ -174,23 +177,27 @@ pub enum WaitStyle {
 /// compatible with every granted mode *and* with the requested mode of every request waiting
 /// ahead of it (so a waiting conversion blocks later compatible requests).
 pub trait LockTable: Send + Sync {
+    /// What [`lock`](Self::lock) (`wait = Some(timeout)`) and [`try_lock`](Self::try_lock)
+    /// (`None`) do: the one request path a table implements.
+    fn acquire(&self, txn: TxnId, id: &LockId, mode: LockMode, wait: Option<Duration>) -> Granted;
+
     /// Acquires `mode` on `id` for `txn` (or converts its held lock), waiting up to `timeout`.
     /// Returns the mode now held (the supremum of held and requested).
-    fn lock(
-        &self,
-        txn: TxnId,
-        id: &LockId,
-        mode: LockMode,
-        timeout: Duration,
-    ) -> Result<LockMode, LockFailure>;
+    fn lock(&self, txn: TxnId, id: &LockId, mode: LockMode, timeout: Duration) -> Granted {
+        self.acquire(txn, id, mode, Some(timeout))
+    }
 
     /// Like [`lock`](Self::lock) but never waits: fails with [`LockFailure::WouldBlock`] and
     /// leaves no request behind when the lock cannot be granted at once.
-    fn try_lock(&self, txn: TxnId, id: &LockId, mode: LockMode) -> Result<LockMode, LockFailure>;
+    fn try_lock(&self, txn: TxnId, id: &LockId, mode: LockMode) -> Granted {
+        self.acquire(txn, id, mode, None)
+    }
 
     /// Releases whatever `txn` holds on `id` and grants waiters that become compatible.
     /// Releasing a lock that is not held is a no-op.
-    fn unlock(&self, txn: TxnId, id: &LockId);
+    fn unlock(&self, txn: TxnId, id: &LockId) {
+        self.unlock_tagged(txn, id, 0);
+    }
 
     /// True when no transaction holds or waits for `id` (used before removing a ghost).
     fn is_free(&self, id: &LockId) -> bool;

@@ -67,7 +67,9 @@ use rustc_hash::{FxHashMap, FxHashSet, FxHasher};
 
 use super::deadlock::{Blocker, Deadlocks, Decision};
 use super::dread::{age_of, pipeline_len};
-use super::{DeadlockPolicy, LockFailure, LockId, LockMode, LockTable, TableId, TxnId, Victim};
+use super::{
+    DeadlockPolicy, Granted, LockFailure, LockId, LockMode, LockTable, TableId, TxnId, Victim,
+};
 
 const SHARD_BITS: u32 = 9;
 
@@ -582,6 +584,17 @@ impl SimpleLockTable {
         self.shards.iter().map(|s| s.lock().map.len()).sum()
     }
 
+    /// True when the table is back at rest (diagnostics and tests): no lock queue, an empty
+    /// waits-for graph, and every shard shrunk back to its resting room after a burst.
+    pub fn is_idle(&self) -> bool {
+        self.queue_count() == 0
+            && self.graph.lock().is_empty()
+            && self
+                .shards
+                .iter()
+                .all(|s| s.lock().map.capacity() <= SHARD_ROOM)
+    }
+
     /// Number of requests currently waiting on `id` (diagnostics and tests).
     pub fn waiters(&self, id: &LockId) -> usize {
         let h = hash_id(id);
@@ -718,87 +731,6 @@ impl SimpleLockTable {
         } else {
             self.after_change(q, true, graph, wake);
         }
-    }
-
-    /// `lock` (`timeout = Some`) and `try_lock` (`None`).
-    fn acquire(
-        &self,
-        txn: TxnId,
-        id: &LockId,
-        mode: LockMode,
-        timeout: Option<Duration>,
-    ) -> Result<LockMode, LockFailure> {
-        let h = hash_id(id);
-        let mut shard = self.shard_of(h, id).lock();
-        let sh = &mut *shard;
-        let q = match sh.map.entry(h, |e| e.name.is(id), |e| e.name.hash()) {
-            Slot::Occupied(o) => &mut o.into_mut().queue,
-            Slot::Vacant(v) => {
-                if mode == LockMode::N {
-                    return Ok(LockMode::N);
-                }
-                v.insert(Entry {
-                    name: Name::of(id),
-                    queue: Queue {
-                        reqs: Reqs::One(self.request(txn, mode)),
-                        tag: 0,
-                    },
-                });
-                return Ok(mode);
-            }
-        };
-        match q.position(txn) {
-            Some(p) => {
-                // Conversion.
-                let held = q.reqs()[p].granted;
-                debug_assert!(
-                    !q.reqs()[p].waiting,
-                    "one lock call per transaction at a time"
-                );
-                if held.covers(mode) {
-                    return Ok(held);
-                }
-                let target = held.supremum(mode);
-                if target.compatible_with_all(q.granted_mask_except(p)) {
-                    let r = &mut q.reqs_mut()[p];
-                    r.granted = target;
-                    r.requested = target;
-                    if q.waiting() > 0 && self.uses_graph() {
-                        // The stronger granted mode may block more waiters.
-                        q.sync_graph(&mut self.graph.lock());
-                    }
-                    return Ok(target);
-                }
-                if timeout.is_none() {
-                    return Err(LockFailure::WouldBlock);
-                }
-                let c = q.crowd();
-                let r = &mut c.reqs[p];
-                r.requested = target;
-                r.waiting = true;
-                c.threads.push((txn, thread::current()));
-                c.waiting += 1;
-            }
-            None => {
-                if mode == LockMode::N {
-                    return Ok(LockMode::N);
-                }
-                // A new granted request at the tail is compatible with every waiting request,
-                // so it blocks none of them: no graph update needed.
-                if mode.compatible_with_all(q.tail_blocking_mask()) {
-                    q.push(self.request(txn, mode));
-                    return Ok(mode);
-                }
-                if timeout.is_none() {
-                    return Err(LockFailure::WouldBlock);
-                }
-                let mut r = self.request(txn, mode);
-                r.granted = LockMode::N;
-                r.waiting = true;
-                q.push_waiting(r, thread::current());
-            }
-        }
-        self.wait(shard, txn, h, id, timeout.unwrap_or_default())
     }
 
     /// The blocking path: `txn`'s request on `id` (hash `h`) is enqueued as waiting; wait for
@@ -973,22 +905,78 @@ impl SimpleLockTable {
 }
 
 impl LockTable for SimpleLockTable {
-    fn lock(
-        &self,
-        txn: TxnId,
-        id: &LockId,
-        mode: LockMode,
-        timeout: Duration,
-    ) -> Result<LockMode, LockFailure> {
-        self.acquire(txn, id, mode, Some(timeout))
-    }
-
-    fn try_lock(&self, txn: TxnId, id: &LockId, mode: LockMode) -> Result<LockMode, LockFailure> {
-        self.acquire(txn, id, mode, None)
-    }
-
-    fn unlock(&self, txn: TxnId, id: &LockId) {
-        self.unlock_tagged(txn, id, 0);
+    fn acquire(&self, txn: TxnId, id: &LockId, mode: LockMode, wait: Option<Duration>) -> Granted {
+        let h = hash_id(id);
+        let mut shard = self.shard_of(h, id).lock();
+        let sh = &mut *shard;
+        let q = match sh.map.entry(h, |e| e.name.is(id), |e| e.name.hash()) {
+            Slot::Occupied(o) => &mut o.into_mut().queue,
+            Slot::Vacant(v) => {
+                if mode == LockMode::N {
+                    return Ok(LockMode::N);
+                }
+                v.insert(Entry {
+                    name: Name::of(id),
+                    queue: Queue {
+                        reqs: Reqs::One(self.request(txn, mode)),
+                        tag: 0,
+                    },
+                });
+                return Ok(mode);
+            }
+        };
+        match q.position(txn) {
+            Some(p) => {
+                // Conversion.
+                let held = q.reqs()[p].granted;
+                debug_assert!(
+                    !q.reqs()[p].waiting,
+                    "one lock call per transaction at a time"
+                );
+                if held.covers(mode) {
+                    return Ok(held);
+                }
+                let target = held.supremum(mode);
+                if target.compatible_with_all(q.granted_mask_except(p)) {
+                    let r = &mut q.reqs_mut()[p];
+                    r.granted = target;
+                    r.requested = target;
+                    if q.waiting() > 0 && self.uses_graph() {
+                        // The stronger granted mode may block more waiters.
+                        q.sync_graph(&mut self.graph.lock());
+                    }
+                    return Ok(target);
+                }
+                if wait.is_none() {
+                    return Err(LockFailure::WouldBlock);
+                }
+                let c = q.crowd();
+                let r = &mut c.reqs[p];
+                r.requested = target;
+                r.waiting = true;
+                c.threads.push((txn, thread::current()));
+                c.waiting += 1;
+            }
+            None => {
+                if mode == LockMode::N {
+                    return Ok(LockMode::N);
+                }
+                // A new granted request at the tail is compatible with every waiting request,
+                // so it blocks none of them: no graph update needed.
+                if mode.compatible_with_all(q.tail_blocking_mask()) {
+                    q.push(self.request(txn, mode));
+                    return Ok(mode);
+                }
+                if wait.is_none() {
+                    return Err(LockFailure::WouldBlock);
+                }
+                let mut r = self.request(txn, mode);
+                r.granted = LockMode::N;
+                r.waiting = true;
+                q.push_waiting(r, thread::current());
+            }
+        }
+        self.wait(shard, txn, h, id, wait.unwrap_or_default())
     }
 
     fn tag(&self, id: &LockId) -> u64 {
@@ -1051,7 +1039,7 @@ impl LockTable for SimpleLockTable {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::{Arc, Barrier, Mutex as StdMutex};
+    use std::sync::Arc;
     use std::time::{Duration, Instant};
 
     use super::*;
@@ -1099,10 +1087,6 @@ mod tests {
 
     const LONG: Duration = Duration::from_secs(10);
 
-    fn key(k: u8) -> LockId {
-        LockId::Key(1, vec![k].into_boxed_slice())
-    }
-
     fn wait_until(what: &str, cond: impl Fn() -> bool) {
         let start = Instant::now();
         while !cond() {
@@ -1113,412 +1097,6 @@ mod tests {
 
     fn table(policy: DeadlockPolicy) -> Arc<SimpleLockTable> {
         Arc::new(SimpleLockTable::new(policy))
-    }
-
-    #[test]
-    fn uncontended_lock_convert_unlock() {
-        let t = table(DeadlockPolicy::WaitForGraph);
-        let k = key(1);
-        assert_eq!(t.lock(1, &k, SN, LONG), Ok(SN));
-        assert_eq!(t.lock(1, &k, NS, LONG), Ok(S));
-        assert_eq!(
-            t.lock(1, &k, SN, LONG),
-            Ok(S),
-            "covered request returns the held mode"
-        );
-        assert_eq!(t.lock(2, &k, NS, LONG), Ok(NS));
-        assert_eq!(t.try_lock(3, &k, XN), Err(LockFailure::WouldBlock));
-        assert_eq!(t.held_mode(1, &k), S);
-        assert_eq!(t.lock(4, &k, N, LONG), Ok(N));
-        assert_eq!(t.held_mode(4, &k), N);
-        t.unlock(1, &k);
-        t.unlock(1, &k); // not held: no-op
-        assert!(!t.is_free(&k));
-        t.unlock(2, &k);
-        assert!(t.is_free(&k));
-        assert_eq!(t.lock(5, &key(9), N, LONG), Ok(N));
-        assert_eq!(t.queue_count(), 0);
-    }
-
-    #[test]
-    fn fifo_order_of_x_waiters() {
-        let t = table(DeadlockPolicy::WaitForGraph);
-        let k = key(1);
-        t.lock(100, &k, X, LONG).unwrap();
-        let order = Arc::new(StdMutex::new(Vec::new()));
-        let mut handles = Vec::new();
-        for txn in 1..=5u64 {
-            let (t2, k2, order2) = (t.clone(), k.clone(), order.clone());
-            handles.push(thread::spawn(move || {
-                t2.lock(txn, &k2, X, LONG).unwrap();
-                order2.lock().unwrap().push(txn);
-                t2.unlock(txn, &k2);
-            }));
-            wait_until("enqueue", || t.waiters(&k) == txn as usize);
-        }
-        t.unlock(100, &k);
-        for h in handles {
-            h.join().unwrap();
-        }
-        assert_eq!(*order.lock().unwrap(), vec![1, 2, 3, 4, 5]);
-        assert!(t.is_free(&k));
-        assert_eq!(t.queue_count(), 0);
-    }
-
-    #[test]
-    fn waiting_conversion_blocks_later_compatible_request() {
-        // Kimura §4.2: A and B hold SN; A converts to XN and waits for B; C's SN request is
-        // compatible with every granted mode but must wait behind A's conversion.
-        let t = table(DeadlockPolicy::WaitForGraph);
-        let k = key(7);
-        let (a, b, c) = (1, 2, 3);
-        t.lock(a, &k, SN, LONG).unwrap();
-        t.lock(b, &k, SN, LONG).unwrap();
-        let log = Arc::new(StdMutex::new(Vec::new()));
-        let ha = {
-            let (t, k, log) = (t.clone(), k.clone(), log.clone());
-            thread::spawn(move || {
-                assert_eq!(t.lock(a, &k, XN, LONG), Ok(XN));
-                log.lock().unwrap().push(a);
-                thread::sleep(Duration::from_millis(20));
-                log.lock().unwrap().push(a + 100);
-                t.unlock(a, &k);
-            })
-        };
-        wait_until("A's conversion waits", || t.waiters(&k) == 1);
-        assert_eq!(t.try_lock(c, &k, SN), Err(LockFailure::WouldBlock));
-        assert_eq!(t.waiters(&k), 1, "try_lock left nothing behind");
-        let hc = {
-            let (t, k, log) = (t.clone(), k.clone(), log.clone());
-            thread::spawn(move || {
-                assert_eq!(t.lock(c, &k, SN, LONG), Ok(SN));
-                log.lock().unwrap().push(c);
-                t.unlock(c, &k);
-            })
-        };
-        wait_until("C waits", || t.waiters(&k) == 2);
-        thread::sleep(Duration::from_millis(20));
-        assert!(
-            log.lock().unwrap().is_empty(),
-            "nobody granted while B holds SN"
-        );
-        assert_eq!(t.held_mode(c, &k), N);
-        t.unlock(b, &k);
-        ha.join().unwrap();
-        hc.join().unwrap();
-        assert_eq!(*log.lock().unwrap(), vec![a, a + 100, c]);
-        assert!(t.is_free(&k));
-    }
-
-    #[test]
-    fn conversion_granted_ahead_of_waiting_new_request() {
-        // A holds IS; B waits for X; A converts IS -> IX: compatible with every other granted
-        // mode, so it is granted although B waits.
-        let t = table(DeadlockPolicy::WaitForGraph);
-        let tab = LockId::Table(3);
-        t.lock(1, &tab, IS, LONG).unwrap();
-        let hb = {
-            let (t, tab) = (t.clone(), tab.clone());
-            thread::spawn(move || {
-                assert_eq!(t.lock(2, &tab, X, LONG), Ok(X));
-                t.unlock(2, &tab);
-            })
-        };
-        wait_until("B waits", || t.waiters(&tab) == 1);
-        assert_eq!(t.try_lock(1, &tab, IX), Ok(IX));
-        assert_eq!(
-            t.try_lock(3, &tab, IS),
-            Err(LockFailure::WouldBlock),
-            "FIFO behind B"
-        );
-        t.unlock(1, &tab);
-        hb.join().unwrap();
-        assert!(t.is_free(&tab));
-    }
-
-    #[test]
-    fn timeout_withdraws_request_and_leaves_queue_clean() {
-        for policy in [DeadlockPolicy::Timeout, DeadlockPolicy::WaitForGraph] {
-            let t = table(policy);
-            let k = key(1);
-            t.lock(1, &k, X, LONG).unwrap();
-            let to = Duration::from_millis(40);
-            let start = Instant::now();
-            match t.lock(2, &k, S, to) {
-                Err(LockFailure::Timeout { blocker, waited }) => {
-                    assert_eq!(blocker, Some(1));
-                    assert!(waited >= to && start.elapsed() >= to);
-                }
-                other => panic!("expected timeout, got {other:?}"),
-            }
-            assert_eq!(t.waiters(&k), 0);
-            t.unlock(1, &k);
-            assert!(t.is_free(&k), "{policy:?}");
-
-            // A timed-out conversion falls back to its granted mode.
-            t.lock(1, &k, S, LONG).unwrap();
-            t.lock(2, &k, S, LONG).unwrap();
-            assert!(matches!(
-                t.lock(1, &k, X, to),
-                Err(LockFailure::Timeout {
-                    blocker: Some(2),
-                    ..
-                })
-            ));
-            assert_eq!(t.held_mode(1, &k), S);
-            t.unlock(2, &k);
-            assert_eq!(t.try_lock(3, &k, X), Err(LockFailure::WouldBlock));
-            t.unlock(1, &k);
-            assert!(t.is_free(&k));
-            assert_eq!(t.queue_count(), 0);
-        }
-    }
-
-    #[test]
-    fn timeout_of_first_waiter_grants_the_next() {
-        // Queue: A holds S; B waits X (times out); C waits S behind B. When B gives up, C
-        // becomes grantable and must be woken.
-        let t = table(DeadlockPolicy::Timeout);
-        let k = key(2);
-        t.lock(1, &k, S, LONG).unwrap();
-        let hb = {
-            let (t, k) = (t.clone(), k.clone());
-            thread::spawn(move || t.lock(2, &k, X, Duration::from_millis(60)))
-        };
-        wait_until("B waits", || t.waiters(&k) == 1);
-        let hc = {
-            let (t, k) = (t.clone(), k.clone());
-            thread::spawn(move || {
-                let r = t.lock(3, &k, S, LONG);
-                t.unlock(3, &k);
-                r
-            })
-        };
-        wait_until("C waits", || t.waiters(&k) == 2);
-        assert!(matches!(
-            hb.join().unwrap(),
-            Err(LockFailure::Timeout { .. })
-        ));
-        assert_eq!(hc.join().unwrap(), Ok(S));
-        t.unlock(1, &k);
-        assert_eq!(t.queue_count(), 0);
-    }
-
-    #[test]
-    fn try_lock_leaves_nothing_behind() {
-        let t = table(DeadlockPolicy::WaitForGraph);
-        let k = key(1);
-        assert_eq!(t.try_lock(1, &k, X), Ok(X));
-        for m in [S, X, NS, SN, XN, NX] {
-            assert_eq!(t.try_lock(2, &k, m), Err(LockFailure::WouldBlock));
-        }
-        assert_eq!(t.waiters(&k), 0);
-        t.unlock(1, &k);
-        assert!(t.is_free(&k));
-        // Failed conversion keeps the held mode.
-        t.try_lock(1, &k, SN).unwrap();
-        t.try_lock(2, &k, SN).unwrap();
-        assert_eq!(t.try_lock(1, &k, XN), Err(LockFailure::WouldBlock));
-        assert_eq!(t.held_mode(1, &k), SN);
-        t.unlock(1, &k);
-        t.unlock(2, &k);
-        assert_eq!(t.queue_count(), 0);
-    }
-
-    #[test]
-    fn key_range_modes_on_one_key() {
-        // NS (phantom protection of the gap) and XN (update of the key) coexist (Kimura §2.2).
-        let t = table(DeadlockPolicy::WaitForGraph);
-        let k = key(10);
-        t.lock(1, &k, NS, LONG).unwrap();
-        assert_eq!(t.try_lock(2, &k, XN), Ok(XN));
-        assert_eq!(t.try_lock(3, &k, NX), Err(LockFailure::WouldBlock));
-        assert_eq!(t.try_lock(3, &k, SN), Err(LockFailure::WouldBlock));
-        t.unlock(2, &k);
-        assert_eq!(t.try_lock(3, &k, SN), Ok(SN));
-        t.unlock(1, &k);
-        assert_eq!(t.try_lock(4, &k, NX), Ok(NX));
-        t.unlock(3, &k);
-        t.unlock(4, &k);
-        assert_eq!(t.queue_count(), 0);
-    }
-
-    #[test]
-    fn intent_locks_follow_table4() {
-        let t = table(DeadlockPolicy::WaitForGraph);
-        let tab = LockId::Table(5);
-        for a in [S, X, IS, IX, SIX] {
-            for b in [S, X, IS, IX, SIX] {
-                t.lock(1, &tab, a, LONG).unwrap();
-                let got = t.try_lock(2, &tab, b);
-                assert_eq!(got.is_ok(), a.compatible(b), "{a:?} held, {b:?} asked");
-                t.unlock(2, &tab);
-                t.unlock(1, &tab);
-                assert!(t.is_free(&tab));
-            }
-        }
-        // Conversions along Gray's lattice.
-        assert_eq!(t.lock(1, &tab, IS, LONG), Ok(IS));
-        assert_eq!(t.lock(1, &tab, IX, LONG), Ok(IX));
-        assert_eq!(t.lock(1, &tab, S, LONG), Ok(SIX));
-        assert_eq!(t.try_lock(2, &tab, IS), Ok(IS));
-        assert_eq!(t.try_lock(3, &tab, IX), Err(LockFailure::WouldBlock));
-        assert_eq!(t.try_lock(3, &tab, S), Err(LockFailure::WouldBlock));
-        t.unlock(1, &tab);
-        assert_eq!(t.try_lock(3, &tab, IX), Ok(IX));
-        t.unlock(2, &tab);
-        t.unlock(3, &tab);
-        assert!(t.is_free(&LockId::Database));
-        assert_eq!(t.queue_count(), 0);
-    }
-
-    /// Each txn `i` holds `own[i]` in `first` mode, then (all at once) asks for `want[i]` in
-    /// mode `second`. Returns the per-txn results.
-    fn run_cycle(
-        t: &Arc<SimpleLockTable>,
-        own: Vec<LockId>,
-        want: Vec<LockId>,
-        first: LockMode,
-        second: LockMode,
-    ) -> Vec<Result<LockMode, LockFailure>> {
-        let n = own.len();
-        let barrier = Arc::new(Barrier::new(n));
-        let handles: Vec<_> = (0..n)
-            .map(|i| {
-                let (t, barrier) = (t.clone(), barrier.clone());
-                let (own, want) = (own[i].clone(), want[i].clone());
-                thread::spawn(move || {
-                    let txn = i as TxnId + 1;
-                    t.lock(txn, &own, first, LONG).unwrap();
-                    barrier.wait();
-                    let r = t.lock(txn, &want, second, LONG);
-                    if r.is_ok() {
-                        // Hold a little so the others really wait.
-                        thread::sleep(Duration::from_millis(5));
-                        t.unlock(txn, &want);
-                    }
-                    t.unlock(txn, &own);
-                    r
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    }
-
-    fn assert_one_victim(results: &[Result<LockMode, LockFailure>], started: Instant) {
-        let victims = results
-            .iter()
-            .filter(|r| matches!(r, Err(LockFailure::Deadlock { blocker: Some(_) })))
-            .count();
-        let ok = results.iter().filter(|r| r.is_ok()).count();
-        assert_eq!((victims, ok), (1, results.len() - 1), "{results:?}");
-        assert!(
-            started.elapsed() < Duration::from_secs(2),
-            "detected without timeouts"
-        );
-    }
-
-    #[test]
-    fn deadlock_two_cycle() {
-        for _ in 0..20 {
-            let t = table(DeadlockPolicy::WaitForGraph);
-            let start = Instant::now();
-            let r = run_cycle(&t, vec![key(1), key(2)], vec![key(2), key(1)], X, X);
-            assert_one_victim(&r, start);
-            assert_eq!(t.queue_count(), 0);
-            assert!(t.graph.lock().is_empty());
-        }
-    }
-
-    #[test]
-    fn deadlock_three_cycle() {
-        for _ in 0..20 {
-            let t = table(DeadlockPolicy::WaitForGraph);
-            let start = Instant::now();
-            let own = vec![key(1), key(2), key(3)];
-            let want = vec![key(2), key(3), key(1)];
-            let r = run_cycle(&t, own, want, X, X);
-            assert_one_victim(&r, start);
-            assert_eq!(t.queue_count(), 0);
-            assert!(t.graph.lock().is_empty());
-        }
-    }
-
-    #[test]
-    fn deadlock_upgrade() {
-        for _ in 0..20 {
-            let t = table(DeadlockPolicy::WaitForGraph);
-            let start = Instant::now();
-            // Both hold S on one key and convert to X; the victim keeps S until it unlocks.
-            let k = key(4);
-            let r = run_cycle(&t, vec![k.clone(), k.clone()], vec![k.clone(), k], S, X);
-            assert_one_victim(&r, start);
-            assert_eq!(t.queue_count(), 0);
-            assert!(t.graph.lock().is_empty());
-        }
-    }
-
-    #[test]
-    fn waiting_chain_is_not_a_deadlock() {
-        // T2 waits for T1, T3 for T2 (on another lock): no cycle, nobody is a victim.
-        let t = table(DeadlockPolicy::WaitForGraph);
-        let (a, b) = (key(1), key(2));
-        t.lock(1, &a, X, LONG).unwrap();
-        t.lock(2, &b, X, LONG).unwrap();
-        let h2 = {
-            let (t, a, b) = (t.clone(), a.clone(), b.clone());
-            thread::spawn(move || {
-                let r = t.lock(2, &a, X, LONG);
-                t.unlock(2, &a);
-                t.unlock(2, &b);
-                r
-            })
-        };
-        wait_until("T2 waits", || t.waiters(&a) == 1);
-        let h3 = {
-            let (t, b) = (t.clone(), b.clone());
-            thread::spawn(move || {
-                let r = t.lock(3, &b, X, LONG);
-                t.unlock(3, &b);
-                r
-            })
-        };
-        wait_until("T3 waits", || t.waiters(&b) == 1);
-        thread::sleep(Duration::from_millis(30)); // a few re-checks
-        t.unlock(1, &a);
-        assert_eq!(h2.join().unwrap(), Ok(X));
-        assert_eq!(h3.join().unwrap(), Ok(X));
-        assert_eq!(t.queue_count(), 0);
-        assert!(t.graph.lock().is_empty());
-    }
-
-    #[test]
-    fn timeout_policy_breaks_deadlock_by_timeout() {
-        let t = table(DeadlockPolicy::Timeout);
-        let (a, b) = (key(1), key(2));
-        let n = 2;
-        let barrier = Arc::new(Barrier::new(n));
-        let hs: Vec<_> = [(a.clone(), b.clone()), (b, a)]
-            .into_iter()
-            .enumerate()
-            .map(|(i, (own, want))| {
-                let (t, barrier) = (t.clone(), barrier.clone());
-                thread::spawn(move || {
-                    let txn = i as TxnId + 1;
-                    t.lock(txn, &own, X, LONG).unwrap();
-                    barrier.wait();
-                    let to = Duration::from_millis(30 + 200 * i as u64);
-                    let r = t.lock(txn, &want, X, to);
-                    t.unlock(txn, &want);
-                    t.unlock(txn, &own);
-                    r
-                })
-            })
-            .collect();
-        let r: Vec<_> = hs.into_iter().map(|h| h.join().unwrap()).collect();
-        assert!(matches!(r[0], Err(LockFailure::Timeout { .. })), "{r:?}");
-        assert_eq!(r[1], Ok(X));
-        assert_eq!(t.queue_count(), 0);
     }
 
     #[test]
@@ -1576,28 +1154,5 @@ mod tests {
         }
         assert_eq!(t.queue_count(), 0);
         assert_eq!(t.footprint(), crate::lock::LockTableFootprint::default());
-    }
-
-    #[test]
-    fn many_keys_queue_count() {
-        let t = table(DeadlockPolicy::WaitForGraph);
-        for i in 0..2000u32 {
-            let k = LockId::Key(i % 7, i.to_le_bytes().to_vec().into_boxed_slice());
-            t.lock(u64::from(i % 3), &k, XN, LONG).unwrap();
-        }
-        t.lock(1, &LockId::NegInf(3), NS, LONG).unwrap();
-        t.lock(1, &LockId::Database, IX, LONG).unwrap();
-        assert_eq!(t.queue_count(), 2002);
-        for i in 0..2000u32 {
-            let k = LockId::Key(i % 7, i.to_le_bytes().to_vec().into_boxed_slice());
-            t.unlock(u64::from(i % 3), &k);
-        }
-        t.unlock(1, &LockId::NegInf(3));
-        t.unlock(1, &LockId::Database);
-        assert_eq!(t.queue_count(), 0);
-        // The shards that grew for the burst shrank back.
-        for s in t.shards.iter() {
-            assert!(s.lock().map.capacity() <= SHARD_ROOM);
-        }
     }
 }

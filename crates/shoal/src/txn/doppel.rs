@@ -102,18 +102,6 @@ impl Protocol for DoppelTxn {
         self.occ.delete(cx, slot, key)
     }
 
-    fn int_op(
-        &mut self,
-        cx: &mut Ctx<'_>,
-        slot: u16,
-        key: &[u8],
-        op: impl Fn(Option<i64>) -> Option<i64>,
-    ) -> Result<i64> {
-        // Returns the value: a read of the record.
-        self.access(cx, slot, key, OpClass::Read)?;
-        self.occ.int_op(cx, slot, key, op)
-    }
-
     fn update(
         &mut self,
         cx: &mut Ctx<'_>,
@@ -122,7 +110,8 @@ impl Protocol for DoppelTxn {
         f: impl FnMut(Option<&[u8]>) -> Result<Vec<u8>>,
     ) -> Result<usize> {
         // A read-modify-write reads the record: on a split record it would read the global
-        // value without the slices' deltas, so it is counted and stashed like a read.
+        // value without the slices' deltas, so it is counted and stashed like a read (so is
+        // `int_op`, which returns the value: the default, through here).
         self.access(cx, slot, key, OpClass::Read)?;
         self.occ.update(cx, slot, key, f)
     }

@@ -142,6 +142,8 @@ use dispatch;
 trait Protocol {
     fn get(&mut self, cx: &mut Ctx<'_>, slot: u16, key: &[u8]) -> Result<Option<Vec<u8>>>;
 
+    /// `put` and `insert`: a read-modify-write ([`update`](Self::update)), unless the
+    /// protocol can do better.
     fn write(
         &mut self,
         cx: &mut Ctx<'_>,
@@ -149,18 +151,33 @@ trait Protocol {
         key: &[u8],
         value: &[u8],
         kind: WriteKind,
-    ) -> Result<()>;
+    ) -> Result<()> {
+        self.update(cx, slot, key, |cur| match cur {
+            Some(_) if kind == WriteKind::Insert => Err(Error::DuplicateKey { key: show_key(key) }),
+            _ => Ok(value.to_vec()),
+        })
+        .map(|_| ())
+    }
 
     fn delete(&mut self, cx: &mut Ctx<'_>, slot: u16, key: &[u8]) -> Result<bool>;
 
-    /// `add_and_get`, `max_and_get`, `min_and_get`: stores `op(current integer)`.
+    /// `add_and_get`, `max_and_get`, `min_and_get`: stores `op(current integer)`, as a
+    /// read-modify-write ([`update`](Self::update)) unless the protocol can do better.
     fn int_op(
         &mut self,
         cx: &mut Ctx<'_>,
         slot: u16,
         key: &[u8],
         op: impl Fn(Option<i64>) -> Option<i64>,
-    ) -> Result<i64>;
+    ) -> Result<i64> {
+        let mut out = 0;
+        self.update(cx, slot, key, |cur| {
+            let new = int_value(key, cur, &op)?;
+            out = i64::from_le_bytes(new);
+            Ok(new.to_vec())
+        })?;
+        Ok(out)
+    }
 
     /// Replaces the value with `f(current value)`; returns the new value's length.
     fn update(

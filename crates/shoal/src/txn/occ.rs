@@ -85,7 +85,7 @@ use std::collections::BTreeMap;
 use std::ops::Bound;
 
 use super::commit::durable;
-use super::{as_ref_bound, int_value, CommitTicket, Ctx, Protocol, Rows, WriteKind, SCAN_CHUNK};
+use super::{as_ref_bound, CommitTicket, Ctx, Protocol, Rows, WriteKind, SCAN_CHUNK};
 use crate::db::{DbInner, LogMode};
 use crate::doppel::SplitWrite;
 use crate::error::{show_key, Error, Result};
@@ -534,19 +534,6 @@ impl Protocol for Occ {
         }
         self.buffer(cx, slot, key, None)?;
         Ok(true)
-    }
-
-    fn int_op(
-        &mut self,
-        cx: &mut Ctx<'_>,
-        slot: u16,
-        key: &[u8],
-        op: impl Fn(Option<i64>) -> Option<i64>,
-    ) -> Result<i64> {
-        let cur = self.read(cx, slot, key)?;
-        let new = int_value(key, cur.as_deref(), op)?;
-        self.buffer(cx, slot, key, Some(new.to_vec()))?;
-        Ok(i64::from_le_bytes(new))
     }
 
     fn update(

@@ -46,7 +46,7 @@ use std::time::Duration;
 
 use rustc_hash::FxHashMap;
 
-use super::{as_ref_bound, int_value, CommitTicket, Ctx, Protocol, Rows, WriteKind, SCAN_CHUNK};
+use super::{as_ref_bound, int_value, CommitTicket, Ctx, Protocol, Rows, SCAN_CHUNK};
 use crate::db::{DbInner, LogMode, Table, TableSlots};
 use crate::error::{show_key, Error, Result};
 use crate::lock::intent::{LightweightIntentLocks, PrivateIntents};
@@ -635,21 +635,6 @@ impl Protocol for TwoPl {
         Ok(v)
     }
 
-    fn write(
-        &mut self,
-        cx: &mut Ctx<'_>,
-        slot: u16,
-        key: &[u8],
-        value: &[u8],
-        kind: WriteKind,
-    ) -> Result<()> {
-        self.rmw(cx, slot, key, |cur| match cur {
-            Some(_) if kind == WriteKind::Insert => Err(Error::DuplicateKey { key: show_key(key) }),
-            _ => Ok(value.to_vec()),
-        })
-        .map(|_| ())
-    }
-
     fn delete(&mut self, cx: &mut Ctx<'_>, slot: u16, key: &[u8]) -> Result<bool> {
         self.intent(cx, slot, true)?;
         self.lock_key(cx, slot, key, LockMode::XN)?;
@@ -688,6 +673,7 @@ impl Protocol for TwoPl {
         key: &[u8],
         op: impl Fn(Option<i64>) -> Option<i64>,
     ) -> Result<i64> {
+        // Not the default: the 8-byte array goes into the record without a `Vec` of its own.
         let out = self.rmw(cx, slot, key, |cur| int_value(key, cur, &op))?;
         Ok(i64::from_le_bytes(out))
     }

@@ -98,6 +98,73 @@ pub struct TxnRecord {
     pub sums: Vec<(Key, u64)>,
 }
 
+/// Records a running transaction's reads and writes of versioned keys (values are encoded
+/// [`Version`]s) into its [`TxnRecord`]: the versions it reads of others (or the initial
+/// one), checking that it reads its own writes, and what each of its writes overwrites.
+pub struct Recorder {
+    /// The record so far (counter adds and sums are pushed to it directly).
+    pub rec: TxnRecord,
+    /// The transaction's last write of each key it wrote.
+    own: HashMap<Key, Version>,
+    /// Its writes so far (the `seq` of the next version it writes, less one).
+    seq: u32,
+}
+
+impl Recorder {
+    /// A recorder for transaction `id`.
+    pub fn new(id: TxnId) -> Recorder {
+        Recorder {
+            rec: TxnRecord::new(id),
+            own: HashMap::new(),
+            seq: 0,
+        }
+    }
+
+    /// The transaction read `seen` as the version of `k`: its own last write if it wrote `k`
+    /// (checked), else a read of another transaction's version (recorded). Returns `seen`.
+    pub fn observe(&mut self, k: &str, seen: Version) -> Version {
+        match self.own.get(k) {
+            Some(mine) => assert_eq!(
+                seen, *mine,
+                "T{}: read {k} after writing it and saw {seen}, not its own write {mine}",
+                self.rec.id
+            ),
+            None => self.rec.reads.push((k.to_string(), seen)),
+        }
+        seen
+    }
+
+    /// Reads `k` in `tx` and [`observe`](Self::observe)s it.
+    pub fn get(
+        &mut self,
+        tx: &mut shoal::Transaction<'_>,
+        t: &shoal::Table,
+        k: &str,
+    ) -> shoal::Result<Version> {
+        let seen = Version::decode(tx.get(t, k)?.as_deref());
+        Ok(self.observe(k, seen))
+    }
+
+    /// Writes the transaction's next version of `k` in `tx`, over `old` (the version it read).
+    pub fn put(
+        &mut self,
+        tx: &mut shoal::Transaction<'_>,
+        t: &shoal::Table,
+        k: Key,
+        old: Version,
+    ) -> shoal::Result<()> {
+        self.seq += 1;
+        let new = Version {
+            writer: self.rec.id,
+            seq: self.seq,
+        };
+        tx.put(t, &k, new.encode())?;
+        self.own.insert(k.clone(), new);
+        self.rec.writes.push((k, new, old));
+        Ok(())
+    }
+}
+
 impl TxnRecord {
     /// An empty record for transaction `id`.
     pub fn new(id: TxnId) -> TxnRecord {
@@ -308,50 +375,39 @@ impl History {
                 }
             }
         }
+        // The edge `dep` from the committed writer of `version` of `key` to `txn`, which
+        // read or overwrote it (a version no committed transaction wrote was read from an
+        // aborted one).
+        let depends_on_writer = |txn: TxnId, dep: Dep, key: &String, version: Version| match written
+            .get(&(key.as_str(), version))
+        {
+            Some(&w) => Ok(Edge {
+                from: w,
+                to: txn,
+                dep,
+                key: key.clone(),
+                version,
+            }),
+            None => Err(Violation::AbortedRead {
+                reader: txn,
+                key: key.clone(),
+                version,
+            }),
+        };
         for t in &self.txns {
             for (k, new, old) in &t.writes {
                 let _ = new;
                 if old.writer == t.id || *old == Version::INITIAL {
                     continue;
                 }
-                match written.get(&(k.as_str(), *old)) {
-                    Some(&w) => edges.push(Edge {
-                        from: w,
-                        to: t.id,
-                        dep: Dep::WW,
-                        key: k.clone(),
-                        version: *old,
-                    }),
-                    None => {
-                        return Err(Violation::AbortedRead {
-                            reader: t.id,
-                            key: k.clone(),
-                            version: *old,
-                        })
-                    }
-                }
+                edges.push(depends_on_writer(t.id, Dep::WW, k, *old)?);
             }
             for (k, ver) in &t.reads {
                 if ver.writer == t.id {
                     continue;
                 }
                 if *ver != Version::INITIAL {
-                    match written.get(&(k.as_str(), *ver)) {
-                        Some(&w) => edges.push(Edge {
-                            from: w,
-                            to: t.id,
-                            dep: Dep::WR,
-                            key: k.clone(),
-                            version: *ver,
-                        }),
-                        None => {
-                            return Err(Violation::AbortedRead {
-                                reader: t.id,
-                                key: k.clone(),
-                                version: *ver,
-                            })
-                        }
-                    }
+                    edges.push(depends_on_writer(t.id, Dep::WR, k, *ver)?);
                     if overwritten_by_self.contains(&(k.as_str(), *ver)) {
                         return Err(Violation::IntermediateRead {
                             reader: t.id,

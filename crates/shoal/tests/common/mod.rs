@@ -1,12 +1,14 @@
 //! Helpers shared by the integration tests: the concurrency-control modes under test, integer
 //! value encoding, owned key ranges, the direct-serialization-graph checker ([`dsg`]) and the
-//! step scheduler that drives interleaved transactions on their own threads ([`sched`]).
+//! step scheduler that drives interleaved transactions on their own threads ([`sched`]), and
+//! the lock tables the lock-table tests run each scenario on ([`tables`]).
 //!
 //! Each test file does `mod common;` and uses only part of this, hence the `dead_code` allow.
 #![allow(dead_code)]
 
 pub mod dsg;
 pub mod sched;
+pub mod tables;
 
 use std::collections::BTreeMap;
 use std::ops::{Bound, RangeBounds};

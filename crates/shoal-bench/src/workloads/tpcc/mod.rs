@@ -66,7 +66,7 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use shoal::{Database, Table, Transaction};
 
-use super::{Ledger, Workload};
+use super::{Ledger, Load, Workload};
 use crate::config::RunConfig;
 
 mod check;
@@ -747,13 +747,8 @@ impl Workload for Tpcc {
         Scale::for_config(cfg).rows()
     }
 
-    fn load(
-        db: &Database,
-        cfg: &RunConfig,
-        load_threads: usize,
-        progress: &ProgressBar,
-    ) -> anyhow::Result<Tpcc> {
-        Tpcc::load(db, Scale::for_config(cfg), load_threads, progress)
+    fn load(l: Load<'_>) -> anyhow::Result<Tpcc> {
+        Tpcc::load(l.db, Scale::for_config(l.cfg), l.load_threads, l.progress)
     }
 
     fn worker(&self, cfg: &RunConfig, run: u16, thread: u16, seed: u64) -> TpccWorker {

@@ -300,14 +300,9 @@ impl LatchFreeLockTable {
     pub(super) fn walk(&self, h: &LockHead, mut f: impl FnMut(&Entry) -> bool) {
         h.check();
         let mut step = 0;
-        let mut cur = h.first.load(SeqCst);
-        while cur.is_null() {
-            if h.tail.load(SeqCst).is_null() {
-                return; // empty
-            }
-            backoff(&mut step); // first append half-done
-            cur = h.first.load(SeqCst);
-        }
+        let Some(mut cur) = first(h, &mut step) else {
+            return; // empty
+        };
         loop {
             // SAFETY: reached from the list while pinned: not recycled before we unpin.
             let e = unsafe { &*cur };
@@ -345,14 +340,9 @@ impl LatchFreeLockTable {
         h.check();
         let mut step = 0;
         let mut link: &AtomicPtr<Entry> = &h.first;
-        let mut cur = h.first.load(SeqCst);
-        while cur.is_null() {
-            if h.tail.load(SeqCst).is_null() {
-                return; // empty
-            }
-            backoff(&mut step); // first append half-done
-            cur = h.first.load(SeqCst);
-        }
+        let Some(mut cur) = first(h, &mut step) else {
+            return; // empty
+        };
         loop {
             // SAFETY: reached from the list while pinned: not recycled before we unpin.
             let e = unsafe { &*cur };
@@ -398,5 +388,20 @@ impl LatchFreeLockTable {
             true
         });
         found
+    }
+}
+
+/// The first entry of `h`'s list, waiting out a first append that is half done (the tail
+/// is set, the head not yet); `None` when the list is empty.
+fn first(h: &LockHead, step: &mut u32) -> Option<*mut Entry> {
+    loop {
+        let cur = h.first.load(SeqCst);
+        if !cur.is_null() {
+            return Some(cur);
+        }
+        if h.tail.load(SeqCst).is_null() {
+            return None;
+        }
+        backoff(step); // first append half-done
     }
 }

@@ -27,7 +27,8 @@ use super::sync::{
     Thread,
 };
 use super::{
-    DeadlockPolicy, LockFailure, LockId, LockMode, LockTable, LockTableFootprint, TxnId, Victim,
+    DeadlockPolicy, Granted, LockFailure, LockId, LockMode, LockTable, LockTableFootprint, TxnId,
+    Victim,
 };
 
 #[path = "lists.rs"]
@@ -373,15 +374,17 @@ impl LatchFreeLockTable {
     }
 
     // ---- acquire ----
+}
 
-    /// `lock` (`timeout = Some`) and `try_lock` (`None`).
-    fn acquire(
-        &self,
-        txn: TxnId,
-        id: &LockId,
-        mode: LockMode,
-        timeout: Option<Duration>,
-    ) -> Result<LockMode, LockFailure> {
+impl LockTable for LatchFreeLockTable {
+    fn footprint(&self) -> LockTableFootprint {
+        LockTableFootprint {
+            heads: self.allocated_heads() + self.pooled_heads(),
+            entries: self.allocated_entries(),
+        }
+    }
+
+    fn acquire(&self, txn: TxnId, id: &LockId, mode: LockMode, wait: Option<Duration>) -> Granted {
         let hash = Self::hash(id);
         let b = self.bucket_of(hash);
         let mut guard = self.pin(b);
@@ -400,7 +403,7 @@ impl LatchFreeLockTable {
                         return Ok(held);
                     }
                     let target = held.supremum(mode);
-                    if timeout.is_none()
+                    if wait.is_none()
                         && !matches!(
                             self.evaluate(h, e, txn, target, false, false),
                             Verdict::Grant
@@ -416,7 +419,7 @@ impl LatchFreeLockTable {
                     if mode == LockMode::N {
                         return Ok(LockMode::N);
                     }
-                    if timeout.is_none()
+                    if wait.is_none()
                         && !matches!(
                             self.evaluate(h, ptr::null(), txn, mode, true, false),
                             Verdict::Grant
@@ -448,7 +451,7 @@ impl LatchFreeLockTable {
         let policy = self.deadlocks.policy();
         // The shared decisions of no-wait, wait-die, wound-wait and Dreadlocks (`None` under
         // the waits-for graph and the timeout policy).
-        let mut decider = (timeout.is_some() && self.deadlocks.decides())
+        let mut decider = (wait.is_some() && self.deadlocks.decides())
             .then(|| self.deadlocks.wait(txn, age_of(txn)));
         let mut blockers: Vec<Blocker> = Vec::new();
         loop {
@@ -492,7 +495,7 @@ impl LatchFreeLockTable {
                 Verdict::Blocked(b) => Some(b),
                 _ => None,
             };
-            let failure = match timeout {
+            let failure = match wait {
                 None => Some(LockFailure::WouldBlock),
                 Some(t) if start.elapsed() >= t => Some(LockFailure::Timeout {
                     blocker,
@@ -550,7 +553,7 @@ impl LatchFreeLockTable {
                 drop(decider);
                 return Err(f);
             }
-            let mut nap = timeout.unwrap_or_default().saturating_sub(start.elapsed());
+            let mut nap = wait.unwrap_or_default().saturating_sub(start.elapsed());
             if policy == DeadlockPolicy::WaitForGraph {
                 nap = nap.min(DEADLOCK_RECHECK);
             }
@@ -570,33 +573,6 @@ impl LatchFreeLockTable {
             }
             guard = self.pin(b);
         }
-    }
-}
-
-impl LockTable for LatchFreeLockTable {
-    fn footprint(&self) -> LockTableFootprint {
-        LockTableFootprint {
-            heads: self.allocated_heads() + self.pooled_heads(),
-            entries: self.allocated_entries(),
-        }
-    }
-
-    fn lock(
-        &self,
-        txn: TxnId,
-        id: &LockId,
-        mode: LockMode,
-        timeout: Duration,
-    ) -> Result<LockMode, LockFailure> {
-        self.acquire(txn, id, mode, Some(timeout))
-    }
-
-    fn try_lock(&self, txn: TxnId, id: &LockId, mode: LockMode) -> Result<LockMode, LockFailure> {
-        self.acquire(txn, id, mode, None)
-    }
-
-    fn unlock(&self, txn: TxnId, id: &LockId) {
-        self.unlock_tagged(txn, id, 0);
     }
 
     fn unlock_tagged(&self, txn: TxnId, id: &LockId, tag: u64) {

@@ -1,6 +1,6 @@
 //! Tests of the optimistic protocol through the public API (and the TID words).
 
-use crate::{ConcurrencyControl, Database, Error, Options};
+use crate::{ConcurrencyControl, Database, Error, Options, Table};
 
 fn occ() -> Options {
     Options {
@@ -11,6 +11,13 @@ fn occ() -> Options {
 
 fn db() -> Database {
     Database::in_memory_with(occ())
+}
+
+/// An OCC database with an empty table `t`.
+fn db_t() -> (Database, Table) {
+    let db = db();
+    let t = db.create_table("t").unwrap();
+    (db, t)
 }
 
 fn tid_of(db: &Database, table: &str, key: &[u8]) -> Option<u64> {
@@ -30,8 +37,7 @@ fn is_conflict<T: std::fmt::Debug>(r: crate::Result<T>) -> bool {
 
 #[test]
 fn stale_read_fails_validation() {
-    let db = db();
-    let t = db.create_table("t").unwrap();
+    let (db, t) = db_t();
     db.run(|tx| tx.put(&t, "x", "0")).unwrap();
     let mut t1 = db.begin();
     assert_eq!(t1.get(&t, "x").unwrap(), Some(b"0".to_vec()));
@@ -56,8 +62,7 @@ fn stale_read_fails_validation() {
 
 #[test]
 fn stale_absence_fails_validation() {
-    let db = db();
-    let t = db.create_table("t").unwrap();
+    let (db, t) = db_t();
     let mut t1 = db.begin();
     assert_eq!(t1.get(&t, "x").unwrap(), None);
     db.run(|t2| t2.put(&t, "x", "2")).unwrap();
@@ -67,8 +72,7 @@ fn stale_absence_fails_validation() {
 
 #[test]
 fn phantom_is_caught_by_scan_validation() {
-    let db = db();
-    let t = db.create_table("t").unwrap();
+    let (db, t) = db_t();
     db.run(|tx| {
         tx.put(&t, "a", "1")?;
         tx.put(&t, "c", "1")
@@ -109,8 +113,7 @@ fn phantom_is_caught_by_scan_validation() {
 
 #[test]
 fn reads_see_own_writes() {
-    let db = db();
-    let t = db.create_table("t").unwrap();
+    let (db, t) = db_t();
     db.run(|tx| {
         tx.put(&t, "a", "old")?;
         tx.put(&t, "d", "old")?;
@@ -155,8 +158,7 @@ fn reads_see_own_writes() {
 
 #[test]
 fn duplicate_insert_is_caught_at_commit() {
-    let db = db();
-    let t = db.create_table("t").unwrap();
+    let (db, t) = db_t();
     let mut t1 = db.begin();
     t1.insert(&t, "k", "t1").unwrap();
     let mut t2 = db.begin();
@@ -182,8 +184,7 @@ fn duplicate_insert_is_caught_at_commit() {
 
 #[test]
 fn duplicate_after_a_stale_read_is_a_conflict() {
-    let db = db();
-    let t = db.create_table("t").unwrap();
+    let (db, t) = db_t();
     db.run(|tx| tx.put(&t, "next", 0i64.to_le_bytes())).unwrap();
     // Both read the counter, the second commits the order it numbered 0 first.
     let mut t1 = db.begin();
@@ -205,8 +206,7 @@ fn duplicate_after_a_stale_read_is_a_conflict() {
 
 #[test]
 fn commit_tids_grow_and_deletes_keep_a_ghost() {
-    let db = db();
-    let t = db.create_table("t").unwrap();
+    let (db, t) = db_t();
     db.run(|tx| tx.put(&t, "k", "1")).unwrap();
     let a = tid_of(&db, "t", b"k").unwrap();
     assert!(a > 0 && a & super::LOCK_BIT == 0);
@@ -235,8 +235,7 @@ fn commit_tids_grow_and_deletes_keep_a_ghost() {
 /// ghosts removed at once, the key would look absent again and the commit would pass).
 #[test]
 fn an_older_readers_absence_keeps_the_ghost_that_invalidates_it() {
-    let db = db();
-    let t = db.create_table("t").unwrap();
+    let (db, t) = db_t();
     let mut r = db.begin();
     assert_eq!(r.get(&t, "x").unwrap(), None);
     let mut s = db.begin();
@@ -265,8 +264,7 @@ fn an_older_readers_absence_keeps_the_ghost_that_invalidates_it() {
 /// change (found by the phantom test: two scans in one committed transaction differed).
 #[test]
 fn a_reinserted_key_never_reuses_a_removed_ghosts_tid() {
-    let db = db();
-    let t = db.create_table("t").unwrap();
+    let (db, t) = db_t();
     db.run(|tx| tx.put(&t, "k", "1")).unwrap();
     for _ in 0..50 {
         db.run(|tx| tx.put(&t, "a", "x")).unwrap();
@@ -328,8 +326,7 @@ fn a_queue_keeps_the_index_small() {
 
 #[test]
 fn a_failed_transaction_is_doomed() {
-    let db = db();
-    let t = db.create_table("t").unwrap();
+    let (db, t) = db_t();
     // A reader that waits out a committer's lock bit too long gives up with a conflict.
     let tree = &db.table("t").unwrap().inner.tree;
     tree.update(b"x", |s| {
@@ -357,8 +354,7 @@ fn a_failed_transaction_is_doomed() {
 /// stale): it still validates, locks, installs and unlocks the right records.
 #[test]
 fn stale_leaf_hints_after_splits() {
-    let db = db();
-    let t = db.create_table("t").unwrap();
+    let (db, t) = db_t();
     let key = |i: u32| format!("k{:06}", i * 1000);
     db.run(|tx| {
         for i in 0..20 {
@@ -420,8 +416,7 @@ fn stale_leaf_hints_after_splits() {
 
 #[test]
 fn concurrent_increments_are_exact() {
-    let db = db();
-    let t = db.create_table("t").unwrap();
+    let (db, t) = db_t();
     std::thread::scope(|s| {
         for th in 0..4 {
             let (db, t) = (&db, &t);

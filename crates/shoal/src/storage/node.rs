@@ -855,6 +855,19 @@ mod tests {
     /// Removes, regrows and compacts records, and checks every survivor against a model
     /// after each step: compaction and the in-gap rewrite of `replace_value` keep keys,
     /// values, TID words and ghost bits, and leave the free bytes in one gap.
+    /// `n` holds exactly `model`'s records, in order.
+    fn assert_records(n: Node<'_>, model: &[Item]) {
+        assert_eq!(n.count(), model.len());
+        for (i, it) in model.iter().enumerate() {
+            assert_eq!(n.key(i), it.key);
+            let mut v = Vec::new();
+            n.val_into(i, &mut v);
+            assert_eq!(v, it.val, "slot {i}");
+            assert_eq!(n.word(i), it.word);
+            assert_eq!(n.meta(i).ghost, it.ghost);
+        }
+    }
+
     /// A full leaf takes a new high fence in place when the holes its removals left make
     /// room (compacting), refuses it, unchanged, when they do not, and keeps every record
     /// either way.
@@ -869,13 +882,7 @@ mod tests {
             model.push(item(model.len() as u32, 40));
         }
         let check = |model: &[Item], high: &[u8]| {
-            assert_eq!(n.count(), model.len());
-            for (i, it) in model.iter().enumerate() {
-                assert_eq!(n.key(i), it.key);
-                let mut v = Vec::new();
-                n.val_into(i, &mut v);
-                assert_eq!(v, it.val, "slot {i}");
-            }
+            assert_records(n, model);
             assert_eq!(n.fence(true), Some(b"\x00".to_vec()));
             assert_eq!(n.fence(false), Some(high.to_vec()));
         };
@@ -924,15 +931,7 @@ mod tests {
         }
         assert!(model.len() > 100);
         let check = |model: &[Item]| {
-            assert_eq!(n.count(), model.len());
-            for (i, it) in model.iter().enumerate() {
-                assert_eq!(n.key(i), it.key);
-                let mut v = Vec::new();
-                n.val_into(i, &mut v);
-                assert_eq!(v, it.val, "slot {i}");
-                assert_eq!(n.word(i), it.word);
-                assert_eq!(n.meta(i).ghost, it.ghost);
-            }
+            assert_records(n, model);
             assert_eq!(n.fence(true), Some(b"\x00".to_vec()));
             assert_eq!(n.fence(false), Some(b"\xff\xff\xff\xff\xff".to_vec()));
         };

@@ -275,12 +275,12 @@ fn checkpoint_records_are_bounded_in_bytes() {
 fn doppel_opts(checkpoint_interval: Option<Duration>) -> Options {
     Options::default()
         .with_cc(ConcurrencyControl::Doppel)
-        .with_doppel(DoppelOptions {
-            split_phase: Duration::from_millis(1),
-            max_joined: Duration::from_millis(1),
-            auto_classify: false,
-            ..DoppelOptions::default()
-        })
+        .with_doppel(
+            DoppelOptions::default()
+                .with_split_phase(Duration::from_millis(1))
+                .with_max_joined(Duration::from_millis(1))
+                .with_auto_classify(false),
+        )
         .with_log(shoal::LogMode::Async)
         .with_checkpoint_interval(checkpoint_interval)
 }

@@ -18,11 +18,11 @@ fn doppel_opts(t_s_ms: u64) -> Options {
     Options::default()
         .with_cc(ConcurrencyControl::Doppel)
         .with_lock_timeout(common::LOCK_TIMEOUT)
-        .with_doppel(DoppelOptions {
-            split_phase: Duration::from_millis(t_s_ms),
-            auto_classify: false,
-            ..DoppelOptions::default()
-        })
+        .with_doppel(
+            DoppelOptions::default()
+                .with_split_phase(Duration::from_millis(t_s_ms))
+                .with_auto_classify(false),
+        )
 }
 
 const K: u32 = 3;
@@ -385,12 +385,12 @@ fn classification_splits_a_contended_counter() {
     let db = Database::in_memory_with(
         Options::default()
             .with_cc(ConcurrencyControl::Doppel)
-            .with_doppel(DoppelOptions {
-                classify_interval: Duration::from_millis(20),
-                min_conflicts: 2,
-                sample_every: 1,
-                ..DoppelOptions::default()
-            }),
+            .with_doppel(
+                DoppelOptions::default()
+                    .with_classify_interval(Duration::from_millis(20))
+                    .with_min_conflicts(2)
+                    .with_sample_every(1),
+            ),
     );
     let t = db.create_table("t").unwrap();
     let deadline = Instant::now() + Duration::from_secs(3);

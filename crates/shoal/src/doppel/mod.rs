@@ -106,6 +106,13 @@ use crate::lock::TableId;
 
 /// Parameters of Doppel, with the thesis' values as defaults (§3.5, §3.6, §7).
 ///
+/// Start from [`DoppelOptions::default()`] and change what you need with the `with_*`
+/// methods, which take and return the options by value so they chain; then hand them to
+/// [`Options::with_doppel`](crate::Options::with_doppel). The fields stay public for reading
+/// (`db.options().doppel.split_phase`) and for assignment on a `let mut`; the struct is
+/// `#[non_exhaustive]`, so new parameters can be added without breaking callers, which is
+/// why it cannot be built with a struct literal outside this crate.
+///
 /// ```
 /// use shoal::{ConcurrencyControl, Database, Options};
 /// use shoal::doppel::DoppelOptions;
@@ -113,11 +120,13 @@ use crate::lock::TableId;
 /// let db = Database::in_memory_with(
 ///     Options::default()
 ///         .with_cc(ConcurrencyControl::Doppel)
-///         .with_doppel(DoppelOptions { split_phase: Duration::from_millis(5), ..DoppelOptions::default() }),
+///         .with_doppel(DoppelOptions::default().with_split_phase(Duration::from_millis(5))),
 /// );
+/// assert_eq!(db.options().doppel.split_phase, Duration::from_millis(5));
 /// assert_eq!(db.options().doppel.classify_interval, Duration::from_millis(200));
 /// ```
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct DoppelOptions {
     /// t_s: longest time stashed work waits in a split phase. Default 20 ms.
     pub split_phase: Duration,
@@ -174,6 +183,24 @@ impl Default for DoppelOptions {
             max_joined: Duration::from_millis(20),
         }
     }
+}
+
+crate::db::setters! {
+    DoppelOptions;
+    with_split_phase => split_phase: Duration,
+    with_stash_threshold => stash_threshold: u64,
+    with_classify_interval => classify_interval: Duration,
+    with_conflict_weight => conflict_weight: f64,
+    with_issue_weight => issue_weight: f64,
+    with_split_threshold => split_threshold: f64,
+    with_split_threshold_after_first => split_threshold_after_first: f64,
+    with_join_threshold => join_threshold: f64,
+    with_min_conflicts => min_conflicts: u64,
+    with_sample_every => sample_every: u32,
+    with_auto_classify => auto_classify: bool,
+    with_slots => slots: usize,
+    with_drain_timeout => drain_timeout: Duration,
+    with_max_joined => max_joined: Duration,
 }
 
 /// The phase the database is in.

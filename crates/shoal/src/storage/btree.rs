@@ -42,7 +42,7 @@
 //!
 //! **Merges**: a removal that leaves a leaf empty or underfull (below a quarter of a page,
 //! or of the slot capacity of [`BTree::with_capacity`]) merges it with a sibling after the
-//! fact, top-down with exclusive latch coupling ([`BTree::rebalance`]), when both fit in one
+//! fact, top-down with exclusive latch coupling (`BTree::rebalance`), when both fit in one
 //! page with a quarter to spare (an empty node always goes); the root collapses when it has
 //! one child. Freed pages go to the store's free list, which splits and overflow chains
 //! reuse.

@@ -170,3 +170,58 @@ fn shuttle_watchdog_hands_over_a_slot_kept_by_a_thread_that_never_returns() {
         ITERATIONS,
     );
 }
+
+/// A sync commit's hand-over (`admission/commit.rs`): the slot holder gives its slot up with
+/// the wake-up deferred (`release_deferred`), a "flusher" thread queues the holder for a new
+/// slot while that wake-up is still pending, and only then does the holder wake the thread
+/// it handed its slot to and park until it is granted one. Neither wake-up is lost, and at
+/// most one thread runs in the single slot.
+#[test]
+fn shuttle_deferred_hand_over_racing_the_flusher_requeue_loses_no_wake_up() {
+    shuttle::check_random(
+        || {
+            let g = Arc::new(Gate::new(1, None));
+            let inside = Arc::new(AtomicUsize::new(0));
+            let held = g.acquire(1, false, || {}).unwrap();
+            let queued = Arc::new(AtomicBool::new(false));
+            let waiter = {
+                let (g, inside, queued) =
+                    (Arc::clone(&g), Arc::clone(&inside), Arc::clone(&queued));
+                thread::spawn(move || {
+                    let i = g.acquire(2, false, || queued.store(true, SeqCst)).unwrap();
+                    assert!(inside.fetch_add(1, SeqCst) < 1, "two threads in one slot");
+                    thread::yield_now();
+                    inside.fetch_sub(1, SeqCst);
+                    g.release(i);
+                })
+            };
+            while !queued.load(SeqCst) {
+                thread::yield_now();
+            }
+            // The holder commits: its slot goes to the waiter, the wake-up is deferred.
+            let wake = g.release_deferred(held);
+            let me = gate::Waiter::new(park::current(), 1);
+            let flusher = {
+                let (g, me) = (Arc::clone(&g), Arc::clone(&me));
+                thread::spawn(move || {
+                    if g.enqueue(&me, false).is_some() {
+                        me.wake();
+                    }
+                })
+            };
+            thread::yield_now();
+            for w in wake {
+                w.wake();
+            }
+            flusher.join().unwrap();
+            let i = g.wait_granted(&me, false, None).unwrap();
+            assert!(inside.fetch_add(1, SeqCst) < 1, "two threads in one slot");
+            inside.fetch_sub(1, SeqCst);
+            g.release(i);
+            waiter.join().unwrap();
+            let s = g.stats();
+            assert_eq!((s.busy, s.idle, s.waiting), (0, 0, 0), "{s:?}");
+        },
+        ITERATIONS,
+    );
+}

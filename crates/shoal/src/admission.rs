@@ -40,9 +40,7 @@
 //!   the log flusher once the commit is durable, as a beginner (it holds nothing), and
 //!   wakes only when it is handed one, which it keeps for its next transaction; one that
 //!   still holds locks (no early lock release) is woken at once and releases them without
-//!   a slot. The thread handed the committer's slot is woken only once the committer has
-//!   registered its wait, right before it parks: woken first, it would often preempt the
-//!   committer, which then needs two more context switches to register and park.
+//!   a slot.
 //! - **The quantum**: a thread that commits keeps its slot (marked *kept*, still its own,
 //!   one store to its own slot's line) and takes it back at its next `begin` with one
 //!   compare-and-swap on the same line. With no thread waiting that is all the gate costs

@@ -34,19 +34,15 @@ const FAILED: u8 = 2;
 enum Plan {
     /// No slot to give up (no gate, a nested transaction, or it escaped): a plain wait.
     Plain,
-    /// A slot, given up now (to the returned waiters, woken just before this thread parks);
-    /// the flusher queues this thread for a new one.
-    Requeue(Arc<Gate>, u32, Vec<Arc<Waiter>>),
-    /// A slot, given up now (the same); the thread finishes its commit without one.
-    Leave(Vec<Arc<Waiter>>),
+    /// A slot, given up now; the flusher queues this thread for a new one.
+    Requeue(Arc<Gate>, u32),
+    /// A slot, given up now; the thread finishes its commit without one.
+    Leave,
 }
 
 /// Waits until the log is durable up to `end` for a transaction that has written its commit
 /// record (or, read-only, must not return before what it read is durable). `holds_locks`:
 /// the transaction still holds locks it releases after the wait.
-///
-/// The thread that gets the slot given up here is woken only once this thread has
-/// registered its wait, right before it parks (see [`Gate::release_deferred`]).
 pub(crate) fn commit_wait(log: &LogBuffer, end: u64, holds_locks: bool) -> Result<()> {
     if log.durable() >= end {
         return Ok(());
@@ -60,37 +56,25 @@ pub(crate) fn commit_wait(log: &LogBuffer, end: u64, holds_locks: bool) -> Resul
             let Some(g) = l.gate.clone() else {
                 return Plan::Plain;
             };
-            let wake = g.release_deferred(l.slot);
+            g.release(l.slot);
             l.slot = NO_SLOT;
             if holds_locks {
-                Plan::Leave(wake)
+                Plan::Leave
             } else {
                 // Until it is handed a slot the thread holds none; `end` finds none.
                 l.suspended = true;
-                Plan::Requeue(g, l.token, wake)
+                Plan::Requeue(g, l.token)
             }
         })
         .unwrap_or(Plan::Plain);
     match plan {
         Plan::Plain => log.wait_durable(end),
-        Plan::Leave(wake) => log.park_until_durable(end, || wake_all(wake)),
-        Plan::Requeue(gate, token, wake) => requeue_wait(log, end, gate, token, wake),
+        Plan::Leave => log.park_until_durable(end),
+        Plan::Requeue(gate, token) => requeue_wait(log, end, gate, token),
     }
 }
 
-fn wake_all(wake: Vec<Arc<Waiter>>) {
-    for w in wake {
-        w.wake();
-    }
-}
-
-fn requeue_wait(
-    log: &LogBuffer,
-    end: u64,
-    gate: Arc<Gate>,
-    token: u32,
-    wake: Vec<Arc<Waiter>>,
-) -> Result<()> {
+fn requeue_wait(log: &LogBuffer, end: u64, gate: Arc<Gate>, token: u32) -> Result<()> {
     let me = Waiter::new(std::thread::current(), token);
     let state = Arc::new(AtomicU8::new(PENDING));
     {
@@ -116,7 +100,6 @@ fn requeue_wait(
             }),
         );
     }
-    wake_all(wake);
     // Parked until handed a slot (or the log fails). The escape time of the gate counts from
     // the moment the thread is known to be queued.
     let outcome = loop {

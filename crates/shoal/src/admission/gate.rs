@@ -81,11 +81,6 @@ impl Waiter {
     fn grant(&self, i: usize) {
         self.granted.store(i, SeqCst);
     }
-
-    /// Unparks its thread (after a slot was handed to it).
-    pub fn wake(&self) {
-        self.thread.unpark();
-    }
 }
 
 #[derive(Default)]
@@ -387,16 +382,6 @@ impl Gate {
     /// Gives up slot `i` (held `BUSY` by the caller): to the head of the queue if a thread
     /// waits, else free.
     pub fn release(&self, i: usize) {
-        for w in self.release_deferred(i) {
-            w.wake();
-        }
-    }
-
-    /// As [`release`](Self::release), but the thread handed the slot is returned instead of
-    /// woken: the caller wakes it ([`Waiter::wake`]) once it has nothing left to do but
-    /// park. Woken first, the new holder would often preempt the caller on its core, which
-    /// then takes two more context switches to finish its own few steps and park.
-    pub fn release_deferred(&self, i: usize) -> Vec<Arc<Waiter>> {
         if self.waiting.load(SeqCst) != 0 {
             let popped = {
                 let mut q = self.queue.lock();
@@ -409,17 +394,22 @@ impl Gate {
             };
             if let Some(w) = popped {
                 self.handovers.fetch_add(1, SeqCst);
-                return vec![w];
+                w.thread.unpark();
+                return;
             }
         }
         self.slots[i].store(FREE, SeqCst);
         // A thread may have queued after the check above (it counts itself before it scans,
         // so either it saw this FREE or this sees it).
         if self.waiting.load(SeqCst) != 0 {
-            let mut q = self.queue.lock();
-            return self.drain(&mut q);
+            let wake = {
+                let mut q = self.queue.lock();
+                self.drain(&mut q)
+            };
+            for w in wake {
+                w.thread.unpark();
+            }
         }
-        Vec::new()
     }
 
     /// Gives up slot `i` that this thread keeps with word `kept` (no-op if it was taken).

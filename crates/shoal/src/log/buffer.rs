@@ -346,21 +346,19 @@ impl LogBuffer {
         if self.shared.durable.load(Ordering::Acquire) >= end {
             return Ok(());
         }
-        crate::admission::blocking(|| self.park_until_durable(end, || {}))
+        crate::admission::blocking(|| self.park_until_durable(end))
     }
 
     /// Parks the calling thread until `end` is durable (or the log fails), without touching
     /// admission. The flusher wakes each waiter of a flush itself, one `unpark` per waiter
     /// right after the flush, rather than through a condition variable whose waiters would
-    /// wake one another in a chain. `before_park` runs once the wait is registered, right
-    /// before the thread parks (also when the log is durable by then).
-    pub fn park_until_durable(&self, end: u64, before_park: impl FnOnce()) -> Result<()> {
+    /// wake one another in a chain.
+    pub fn park_until_durable(&self, end: u64) -> Result<()> {
         const PENDING: u8 = 0;
         const DONE: u8 = 1;
         const FAILED: u8 = 2;
         let sh = &*self.shared;
         if sh.durable.load(Ordering::Acquire) >= end {
-            before_park();
             return Ok(());
         }
         let state = Arc::new(std::sync::atomic::AtomicU8::new(PENDING));
@@ -375,7 +373,6 @@ impl LogBuffer {
                 }),
             );
         }
-        before_park();
         loop {
             match state.load(Ordering::Acquire) {
                 DONE => return Ok(()),

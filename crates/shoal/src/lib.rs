@@ -51,6 +51,7 @@ mod fault_tests;
 pub mod lock;
 #[doc(hidden)]
 pub mod log;
+mod setters;
 #[doc(hidden)]
 pub mod storage;
 mod txn;

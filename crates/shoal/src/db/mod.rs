@@ -14,7 +14,6 @@ pub use catalog::Table;
 pub(crate) use catalog::{TableSlots, MAX_TABLES};
 
 pub use checkpointing::CheckpointStatus;
-pub(crate) use options::setters;
 pub use options::{ConcurrencyControl, Elr, IntentLockKind, LockTableKind, LogMode, Options};
 use recovery::recover;
 pub use recovery::RecoveryStats;

@@ -185,7 +185,7 @@ impl Default for DoppelOptions {
     }
 }
 
-crate::db::setters! {
+crate::setters::setters! {
     DoppelOptions;
     with_split_phase => split_phase: Duration,
     with_stash_threshold => stash_threshold: u64,

@@ -1,0 +1,250 @@
+//! Tests of the TPC-C workload (a child module of `tpcc/mod.rs`).
+
+use super::*;
+
+fn tiny(w: u32) -> (Database, Tpcc) {
+    tiny_with(w, shoal::ConcurrencyControl::TwoPhaseLocking)
+}
+
+fn tiny_with(w: u32, cc: shoal::ConcurrencyControl) -> (Database, Tpcc) {
+    let db = Database::in_memory_with(shoal::Options::default().with_cc(cc));
+    let t = Tpcc::load(&db, Scale::tiny(w), 2, &ProgressBar::hidden()).unwrap();
+    (db, t)
+}
+
+fn worker(t: &Tpcc, thread: u16, mix: Mix) -> TpccWorker {
+    TpccWorker {
+        rng: SmallRng::seed_from_u64(u64::from(thread) + 99),
+        mix,
+        thread,
+        seq: 0,
+        cur: t.draw(&mut SmallRng::seed_from_u64(1), STOCK_LEVEL),
+    }
+}
+
+/// Runs `n` transactions of each type on `threads` threads; returns (commits,
+/// rollbacks) per type.
+fn run(db: &Database, t: &Tpcc, threads: u16, n: usize) -> [(u64, u64); 5] {
+    let outs: Vec<[(u64, u64); 5]> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads)
+            .map(|th| {
+                s.spawn(move || {
+                    let mut out = [(0u64, 0u64); 5];
+                    let mut w = worker(t, th, Mix::Full);
+                    for i in 0..5 * n {
+                        w.mix = [
+                            Mix::NewOrder,
+                            Mix::Payment,
+                            Mix::OrderStatus,
+                            Mix::Delivery,
+                            Mix::StockLevel,
+                        ][i % 5];
+                        t.next(&mut w);
+                        loop {
+                            let mut tx = db.begin();
+                            let r = t.execute(&w, &mut tx);
+                            let r = match r {
+                                Ok(()) if t.rollback(&w) => {
+                                    tx.abort();
+                                    out[t.kind(&w)].1 += 1;
+                                    break;
+                                }
+                                Ok(()) => tx.commit(),
+                                Err(e) => {
+                                    tx.abort();
+                                    Err(e)
+                                }
+                            };
+                            match r {
+                                Ok(()) => {
+                                    t.committed(&mut w);
+                                    out[t.kind(&w)].0 += 1;
+                                    break;
+                                }
+                                Err(e) if e.is_retryable() => std::thread::yield_now(),
+                                Err(e) => panic!("{e}"),
+                            }
+                        }
+                    }
+                    out
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let mut sum = [(0, 0); 5];
+    for o in outs {
+        for (a, b) in sum.iter_mut().zip(o) {
+            a.0 += b.0;
+            a.1 += b.1;
+        }
+    }
+    sum
+}
+
+#[test]
+fn last_names_and_nurand() {
+    assert_eq!(last_name(0), b"BARBARBAR");
+    assert_eq!(last_name(371), b"PRICALLYOUGHT");
+    let mut rng = SmallRng::seed_from_u64(3);
+    for _ in 0..10_000 {
+        let v = nurand(&mut rng, 1023, C_ID, 1, 3000);
+        assert!((1..=3000).contains(&v));
+    }
+}
+
+#[test]
+fn keys_keep_the_spec_orderings() {
+    assert!(wdid(1, 2, 255) < wdid(1, 2, 256));
+    assert!(wdid(1, 9, u32::MAX) < wdid(1, 10, 0));
+    assert!(ol_key(1, 1, 5, 15) < ol_key(1, 1, 6, 1));
+    assert!(cname_key(1, 1, b"ABLE", b"zz", 9) < cname_key(1, 1, b"ABLEABLE", b"a", 1));
+    let (lo, hi) = prefix_range(&[1, 0xff]);
+    assert_eq!(
+        (lo, hi),
+        (Bound::Included(vec![1, 0xff]), Bound::Excluded(vec![2]))
+    );
+}
+
+#[test]
+fn rows_encode_their_fields_in_order_little_endian() {
+    let o = Order {
+        c_id: 1,
+        entry_d: 2,
+        carrier_id: 3,
+        ol_cnt: 4,
+        all_local: 5,
+    };
+    assert_eq!(o.encode(), [1, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 3, 4, 5]);
+    let i = Item {
+        im_id: 7,
+        price: -1,
+        name: b"ab".to_vec(),
+        data: Vec::new(),
+    };
+    let mut want = vec![7, 0, 0, 0];
+    want.extend([0xff; 8]);
+    want.extend([2, 0, b'a', b'b', 0, 0]);
+    assert_eq!(i.encode(), want);
+    assert_eq!(Item::decode(&want), Some(i));
+    assert_eq!(Item::decode(&want[..want.len() - 1]), None);
+}
+
+#[test]
+fn rows_round_trip() {
+    let mut rng = SmallRng::seed_from_u64(5);
+    let p = place(&mut rng, 6);
+    assert_eq!(Place::decode(&p.encode()), Some(p));
+    let l = OrderLine {
+        i_id: 7,
+        supply_w: 2,
+        delivery_d: 0,
+        quantity: 5,
+        amount: 123,
+        dist_info: astring(&mut rng, 24, 24),
+    };
+    assert_eq!(OrderLine::decode(&l.encode()), Some(l.clone()));
+    assert_eq!(OrderLine::decode(&l.encode()[1..]), None);
+}
+
+#[test]
+fn tiny_load_runs_every_transaction_and_stays_consistent() {
+    for cc in [
+        shoal::ConcurrencyControl::TwoPhaseLocking,
+        shoal::ConcurrencyControl::Optimistic,
+    ] {
+        tiny_run(cc);
+    }
+}
+
+fn tiny_run(cc: shoal::ConcurrencyControl) {
+    let (db, t) = tiny_with(2, cc);
+    let s = t.check_db(&db).unwrap();
+    assert!(s.contains("conditions 1-4 hold"), "{s}");
+    let n = 40;
+    let per = run(&db, &t, 2, n);
+    for (k, (c, r)) in per.iter().enumerate() {
+        assert_eq!(c + r, 2 * n as u64, "{}", KINDS[k]);
+        if k != NEW_ORDER {
+            assert_eq!(*r, 0);
+        }
+    }
+    t.check_db(&db).unwrap();
+    // Deliveries happened: fewer new orders than loaded plus created.
+    let no = db.run(|tx| tx.scan(&t.new_order, ..)).unwrap().len() as u64;
+    assert!(no < 2 * 10 * 9 + per[NEW_ORDER].0, "{no}");
+}
+
+#[test]
+fn draws_follow_the_mix_and_the_spec_percentages() {
+    let (_db, t) = tiny(3);
+    let mut w = worker(&t, 0, Mix::Full);
+    let n = 40_000;
+    let mut kinds = [0u32; 5];
+    let (mut no, mut rollbacks, mut lines, mut remote_lines) = (0, 0, 0, 0);
+    let (mut pay, mut remote_pay, mut by_name) = (0, 0, 0);
+    for _ in 0..n {
+        t.next(&mut w);
+        kinds[t.kind(&w)] += 1;
+        match &w.cur {
+            Txn::NewOrder {
+                w: wh,
+                lines: ls,
+                rollback,
+                ..
+            } => {
+                no += 1;
+                rollbacks += u32::from(*rollback);
+                assert!((5..=15).contains(&ls.len()));
+                for (i, l) in ls.iter().enumerate() {
+                    lines += 1;
+                    remote_lines += u32::from(l.supply_w != *wh);
+                    let unused = l.i_id == t.scale.items + 1;
+                    assert_eq!(unused, *rollback && i + 1 == ls.len());
+                }
+            }
+            Txn::Payment { w: wh, c_w, by, .. } => {
+                pay += 1;
+                remote_pay += u32::from(c_w != wh);
+                by_name += u32::from(matches!(by, CustomerBy::LastName(_)));
+            }
+            _ => {}
+        }
+    }
+    let pct = |x: u32, of: u32| f64::from(x) * 100.0 / f64::from(of);
+    for (k, want) in [45.0, 43.0, 4.0, 4.0, 4.0].into_iter().enumerate() {
+        let got = pct(kinds[k], n);
+        assert!((got - want).abs() < 1.0, "{}: {got}%", KINDS[k]);
+    }
+    assert!((pct(rollbacks, no) - 1.0).abs() < 0.5);
+    assert!((pct(remote_lines, lines) - 1.0).abs() < 0.3);
+    assert!((pct(remote_pay, pay) - 15.0).abs() < 1.5);
+    assert!((pct(by_name, pay) - 60.0).abs() < 2.0);
+}
+
+#[test]
+fn check_catches_injected_inconsistencies() {
+    let (db, t) = tiny(1);
+    // Condition 1: a district's YTD moves without its warehouse's.
+    db.run(|tx| tx.add_and_get(&t.district, dkey(1, 3, 1), 100).map(|_| ()))
+        .unwrap();
+    let e = t.check_db(&db).unwrap_err().to_string();
+    assert!(e.contains("condition 1"), "{e}");
+    db.run(|tx| tx.add_and_get(&t.district, dkey(1, 3, 1), -100).map(|_| ()))
+        .unwrap();
+    t.check_db(&db).unwrap();
+    // Condition 3: a hole in the new orders.
+    let first = 30 - 9 + 1;
+    db.run(|tx| tx.delete(&t.new_order, wdid(1, 4, first + 3)).map(|_| ()))
+        .unwrap();
+    let e = t.check_db(&db).unwrap_err().to_string();
+    assert!(e.contains("condition 3"), "{e}");
+    assert!(!e.contains("condition 1"), "{e}");
+    db.run(|tx| tx.insert(&t.new_order, wdid(1, 4, first + 3), []))
+        .unwrap();
+    // Condition 4: a lost order line.
+    db.run(|tx| tx.delete(&t.order_line, ol_key(1, 5, 7, 1)).map(|_| ()))
+        .unwrap();
+    let e = t.check_db(&db).unwrap_err().to_string();
+    assert!(e.contains("condition 4"), "{e}");
+}

@@ -323,7 +323,7 @@ struct NativeLoop<'a, W: Workload> {
     rerun: Option<W::Worker>,
     stash: Option<Stash<W>>,
     /// The first attempt's age, kept by the restarts of the current transaction.
-    age: Option<shoal::lock::TxnId>,
+    age: Option<u64>,
     /// `--cc atomic`: [`Workload::execute_atomic`] instead of a transaction.
     atomic: bool,
     thread: usize,

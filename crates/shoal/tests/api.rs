@@ -263,7 +263,7 @@ fn a_deadlock_victim_is_doomed_and_releases_its_locks() {
 
 #[test]
 fn a_refused_table_lock_names_the_table() {
-    use shoal::lock::LockMode;
+    use shoal::LockMode;
     use shoal::IntentLockKind;
     for intent_locks in [IntentLockKind::Lightweight, IntentLockKind::LockTable] {
         let db = Database::in_memory_with(
@@ -301,7 +301,7 @@ fn a_refused_table_lock_names_the_table() {
 fn wait_die_restart_keeps_its_age() {
     let db = Database::in_memory_with(
         Options::default()
-            .with_deadlock(shoal::lock::DeadlockPolicy::WaitDie)
+            .with_deadlock(shoal::DeadlockPolicy::WaitDie)
             .with_lock_timeout(Duration::from_millis(100)),
     );
     let t = db.create_table("t").unwrap();

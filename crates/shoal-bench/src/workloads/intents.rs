@@ -15,8 +15,7 @@
 use anyhow::Context;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use shoal::lock::LockMode;
-use shoal::{Database, Table, Transaction};
+use shoal::{Database, LockMode, Table, Transaction};
 
 use super::{Ledger, Load, Workload};
 use crate::config::RunConfig;

@@ -257,7 +257,6 @@ fn a_failed_fsync_is_reported_to_every_waiter_of_its_batch() {
     );
 }
 
-// Options are set field by field (the type is to become `#[non_exhaustive]`).
 #[allow(clippy::field_reassign_with_default)]
 fn gated_db(fs: &GatedFs, admission: Admission, elr: Elr) -> Database {
     let mut o = Options::default();

@@ -411,7 +411,7 @@ impl<'db> Transaction<'db> {
     /// assert_eq!(retry.age(), age);
     /// assert!(retry.id() > age);
     /// ```
-    pub fn age(&self) -> TxnId {
+    pub fn age(&self) -> u64 {
         self.cx.age
     }
 

@@ -5,6 +5,8 @@
 //! first 20% of the items, `H = 0.5` is uniform). Items are numbered from 0 here; skewed
 //! draws favour the low numbers.
 
+use std::fmt;
+
 use rand::Rng;
 use rand_distr::{Distribution, Zipf};
 
@@ -35,13 +37,16 @@ impl KeyDist {
             }
         }
     }
+}
 
-    /// The display form used in sweep points: `uniform`, `zipf:THETA`, `self-similar:H`.
-    pub fn describe(self) -> String {
+impl fmt::Display for KeyDist {
+    /// The form sweep points, tables and records show: `uniform`, `zipf:THETA`,
+    /// `self-similar:H`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            KeyDist::Uniform => "uniform".into(),
-            KeyDist::Zipf(t) => format!("zipf:{t}"),
-            KeyDist::SelfSimilar(h) => format!("self-similar:{h}"),
+            KeyDist::Uniform => f.write_str("uniform"),
+            KeyDist::Zipf(t) => write!(f, "zipf:{t}"),
+            KeyDist::SelfSimilar(h) => write!(f, "self-similar:{h}"),
         }
     }
 }
@@ -95,19 +100,6 @@ pub fn parse_h(s: &str) -> Result<f64, String> {
     }
 }
 
-/// Parses the `dist` value of a sweep point (see [`KeyDist::describe`]).
-pub fn parse_dist(s: &str) -> Option<KeyDist> {
-    if s == "uniform" {
-        return Some(KeyDist::Uniform);
-    }
-    if let Some(t) = s.strip_prefix("zipf:") {
-        return parse_theta(t).ok().map(KeyDist::Zipf);
-    }
-    s.strip_prefix("self-similar:")
-        .and_then(|h| parse_h(h).ok())
-        .map(KeyDist::SelfSimilar)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -148,15 +140,17 @@ mod tests {
     }
 
     #[test]
-    fn describe_parses_back() {
-        for d in [
-            KeyDist::Uniform,
-            KeyDist::Zipf(0.99),
-            KeyDist::SelfSimilar(0.35),
+    fn display_names_the_parameters() {
+        for (d, s) in [
+            (KeyDist::Uniform, "uniform"),
+            (KeyDist::Zipf(0.99), "zipf:0.99"),
+            (KeyDist::Zipf(1.0), "zipf:1"),
+            (KeyDist::SelfSimilar(0.35), "self-similar:0.35"),
         ] {
-            assert_eq!(parse_dist(&d.describe()), Some(d));
+            assert_eq!(d.to_string(), s);
         }
-        assert_eq!(parse_dist("zipf:-1"), None);
+        assert_eq!(parse_theta("-1"), Err("-1: theta must be between 0 (uniform) and 10".into()));
+        assert!(parse_h("0").is_err() && parse_h("0.6").is_err());
         assert!(matches!(KeyDist::Zipf(0.0).over(9), Sampler::Uniform(9)));
     }
 }

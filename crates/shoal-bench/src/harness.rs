@@ -413,12 +413,12 @@ mod tests {
     use crate::sweep::Axis;
     use shoal::ConcurrencyControl;
 
-    fn sweep(cc: &[&str], threads: &[u64]) -> Sweep {
+    fn sweep(cc: &[Cc], threads: &[u64]) -> Sweep {
         Sweep {
             axes: vec![
                 Axis::new("scale", true, [1u64]),
                 Axis::new("cc", true, cc.iter().copied()),
-                Axis::new("log", true, ["sync"]),
+                Axis::new("log", true, [crate::config::Log::Sync]),
                 Axis::new("threads", false, threads.iter().copied()),
                 Axis::new("read-ratio", false, [0.0]),
                 Axis::new("seed", false, [42u64]),
@@ -429,7 +429,7 @@ mod tests {
 
     #[test]
     fn none_with_many_threads_is_skipped() {
-        let p = plan(&sweep(&["2pl", "none"], &[1, 2])).unwrap();
+        let p = plan(&sweep(&[Cc::TwoPl, Cc::None], &[1, 2])).unwrap();
         let runs: Vec<String> = p.runs.iter().map(|(c, _)| c.point.describe()).collect();
         assert_eq!(
             runs,
@@ -452,7 +452,7 @@ mod tests {
 
     #[test]
     fn config_is_typed_from_the_point() {
-        let p = plan(&sweep(&["none"], &[1])).unwrap();
+        let p = plan(&sweep(&[Cc::None], &[1])).unwrap();
         let c = &p.runs[0].0;
         assert_eq!((c.cc, c.threads, c.scale, c.seed), (Cc::None, 1, 1, 42));
         assert_eq!(c.cc.engine(), ConcurrencyControl::Serial);
@@ -463,7 +463,7 @@ mod tests {
 
     #[test]
     fn thread_seeds_are_deterministic_and_distinct() {
-        let c = plan(&sweep(&["2pl"], &[4])).unwrap().runs.remove(0).0;
+        let c = plan(&sweep(&[Cc::TwoPl], &[4])).unwrap().runs.remove(0).0;
         let seeds: Vec<u64> = (0..4).map(|t| c.thread_seed(t)).collect();
         assert_eq!(seeds, (0..4).map(|t| c.thread_seed(t)).collect::<Vec<_>>());
         for i in 0..4 {

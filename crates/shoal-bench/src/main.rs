@@ -32,7 +32,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
-use config::{Cc, Log, Params};
+use config::{Cc, Log, Mix, Params};
 use report::Record;
 use sweep::{Axis, Sweep};
 use workloads::WorkloadKind;
@@ -168,8 +168,8 @@ struct BenchArgs {
     /// `order-status`, `delivery`, `stock-level`). YCSB: `a` (default: 50% read, 50%
     /// update), `b` (95/5), `c` (read only), `d` (read latest, 5% insert), `e` (short scans,
     /// 5% insert), `f` (read-modify-write).
-    #[arg(long, value_delimiter = ',', value_name = "LIST", value_parser = parse_mix)]
-    mix: Option<Vec<String>>,
+    #[arg(long, value_delimiter = ',', value_name = "LIST", value_parser = Mix::parse)]
+    mix: Option<Vec<Mix>>,
 
     /// Seed of the workers' random generators (each thread's seed derives from it).
     #[arg(long, value_delimiter = ',', value_name = "LIST", default_value = "42")]
@@ -251,15 +251,6 @@ struct BenchArgs {
     peers: portable::PeerArgs,
 }
 
-fn parse_mix(s: &str) -> Result<String, String> {
-    let m = s.trim().to_ascii_lowercase();
-    if workloads::tpcc::Mix::parse(&m).is_some() || workloads::ycsb::Mix::parse(&m).is_some() {
-        Ok(m)
-    } else {
-        Err(format!("{s:?} is no transaction mix (TPC-C: full, new-order, payment, order-status, delivery, stock-level; YCSB: a to f)"))
-    }
-}
-
 fn parse_ratio(s: &str) -> Result<f64, String> {
     let v: f64 = s.trim().parse().map_err(|e| format!("{e}"))?;
     if (0.0..=1.0).contains(&v) {
@@ -315,8 +306,8 @@ impl BenchArgs {
             let r = r.unwrap_or_else(|| vec![workloads::tellers::DEFAULT_TELLERS]);
             axes.push(Axis::new("records", true, r));
         }
-        axes.push(Axis::new("cc", true, self.cc.iter().map(|c| c.name())));
-        axes.push(Axis::new("log", true, self.log.iter().map(|l| l.name())));
+        axes.push(Axis::new("cc", true, self.cc.iter().copied()));
+        axes.push(Axis::new("log", true, self.log.iter().copied()));
         // Engine options become axes only when given, so that runs name what was chosen.
         axes.extend(self.engine.axes());
         let records = self.records.as_deref();
@@ -365,23 +356,27 @@ impl BenchArgs {
             axes.push(Axis::new("existing-endpoints", false, e));
         }
         match (&self.mix, self.workload) {
-            (Some(m), _) => axes.push(Axis::new("mix", false, m.iter().map(String::as_str))),
-            (None, WorkloadKind::Tpcc) => axes.push(Axis::new("mix", false, ["full"])),
+            (Some(m), _) => axes.push(Axis::new("mix", false, m.iter().copied())),
+            (None, WorkloadKind::Tpcc) => {
+                let full = Mix::Tpcc(workloads::tpcc::Mix::Full);
+                axes.push(Axis::new("mix", false, [full]));
+            }
             (None, _) => {}
         }
-        let mut dists: Vec<String> = Vec::new();
-        for t in self.zipf.iter().flatten() {
-            dists.push(dist::KeyDist::Zipf(*t).describe());
-        }
-        for h in self.self_similar.iter().flatten() {
-            dists.push(dist::KeyDist::SelfSimilar(*h).describe());
-        }
+        let dists: Vec<dist::KeyDist> = self.key_dists().collect();
         if !dists.is_empty() {
-            axes.push(Axis::new("dist", false, dists.iter().map(String::as_str)));
+            axes.push(Axis::new("dist", false, dists));
         }
         axes.extend(self.doppel.workload_axes(self.workload));
         axes.push(Axis::new("seed", false, self.seed.iter().copied()));
         Sweep { axes }
+    }
+
+    /// The key distributions given: `--zipf` values first, then `--self-similar` ones.
+    fn key_dists(&self) -> impl Iterator<Item = dist::KeyDist> + '_ {
+        let zipf = self.zipf.iter().flatten().map(|t| dist::KeyDist::Zipf(*t));
+        let h = self.self_similar.iter().flatten();
+        zipf.chain(h.map(|h| dist::KeyDist::SelfSimilar(*h)))
     }
 
     /// The options of the portable path (`--engine`); without `--engine` (INCR1 alone),
@@ -402,14 +397,7 @@ impl BenchArgs {
             mixes: self.mix.clone(),
             hot_fractions: (self.workload == WorkloadKind::Incr1)
                 .then(|| self.doppel.hot_fraction.clone()),
-            dist: (self.zipf.iter().flatten().map(|t| dist::KeyDist::Zipf(*t)))
-                .chain(
-                    self.self_similar
-                        .iter()
-                        .flatten()
-                        .map(|h| dist::KeyDist::SelfSimilar(*h)),
-                )
-                .next(),
+            dist: self.key_dists().next(),
             seeds: self.seed.clone(),
             warmup: Duration::from_secs_f64(self.warmup),
             duration: Duration::from_secs_f64(self.duration),
@@ -455,21 +443,7 @@ fn run_bench(args: &BenchArgs) -> (Vec<Record>, anyhow::Result<()>) {
 
 fn run_bench_into(args: &BenchArgs, records: &mut Vec<Record>) -> anyhow::Result<()> {
     for m in args.mix.iter().flatten() {
-        let ok = match args.workload {
-            WorkloadKind::Ycsb => workloads::ycsb::Mix::parse(m).is_some(),
-            WorkloadKind::Tpcc => workloads::tpcc::Mix::parse(m).is_some(),
-            WorkloadKind::Tpcb
-            | WorkloadKind::Keyrange
-            | WorkloadKind::Insert
-            | WorkloadKind::Txbench
-            | WorkloadKind::Intents
-            | WorkloadKind::Tellers
-            | WorkloadKind::Incr1
-            | WorkloadKind::Incrz
-            | WorkloadKind::Like
-            | WorkloadKind::Rubis => false,
-        };
-        if !ok {
+        if m.workload() != args.workload {
             anyhow::bail!("--mix {m} does not apply to {}", args.workload.name());
         }
     }
@@ -618,7 +592,7 @@ mod tests {
         assert_eq!(s.axis("threads").unwrap().values.len(), 3);
         assert_eq!(
             s.axis("cc").unwrap().values,
-            [Value::from("none"), Value::from("2pl")]
+            [Value::Cc(Cc::None), Value::Cc(Cc::TwoPl)]
         );
         assert_eq!(s.axis("read-ratio").unwrap().values.len(), 2);
         assert_eq!(s.axis("log").unwrap().values.len(), 4);
@@ -646,15 +620,16 @@ mod tests {
         let s = a.sweep();
         assert!(s.axis("scale").is_none());
         assert_eq!(s.axis("warehouses").unwrap().values.len(), 2);
+        use workloads::tpcc::Mix as T;
         assert_eq!(
             s.axis("mix").unwrap().values,
-            [Value::from("full"), Value::from("payment")]
+            [Value::Mix(Mix::Tpcc(T::Full)), Value::Mix(Mix::Tpcc(T::Payment))]
         );
         let plan = harness::plan(&s).unwrap();
         let runs: Vec<(u64, &str)> = plan
             .runs
             .iter()
-            .map(|(c, _)| (c.scale, c.mix.as_deref().unwrap_or("-")))
+            .map(|(c, _)| (c.scale, c.mix.map_or("-", Mix::name)))
             .collect();
         assert_eq!(
             runs,
@@ -708,5 +683,17 @@ mod tests {
             assert!(parse(bad).is_err(), "accepted {bad:?}");
         }
         assert_eq!(parse(&["--cc", "serial"]).unwrap().cc, [Cc::None]);
+    }
+
+    #[test]
+    fn mixes_parse_typed_and_name_the_valid_values() {
+        let a = parse(&["ycsb", "--mix", " A ,f"]).unwrap();
+        use workloads::ycsb::Mix as Y;
+        assert_eq!(a.mix, Some(vec![Mix::Ycsb(Y::A), Mix::Ycsb(Y::F)]));
+        let e = parse(&["ycsb", "--mix", "g"]).unwrap_err().to_string();
+        assert!(e.contains("full, new-order") && e.contains("a to f"), "{e}");
+        let wrong = parse(&["tpcb", "--mix", "a", "--duration", "0.1"]).unwrap();
+        let e = run_bench(&wrong).1.unwrap_err().to_string();
+        assert!(e.contains("--mix a does not apply to tpcb"), "{e}");
     }
 }

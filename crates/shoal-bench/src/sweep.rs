@@ -3,17 +3,24 @@
 //! Every command-line option that picks a variant or a number (`--cc`, `--threads`,
 //! `--read-ratio`, `--scale`, `--seed`) is an [`Axis`]. The benchmark runs every point of the
 //! product of all axes. Adding a workload option is: one clap field, one [`Axis`] in
-//! `main.rs`, one field in [`RunConfig`](crate::config::RunConfig). Engine options travel
-//! typed, as [`Value::Setting`]s (see [`crate::config::engine`]).
+//! `main.rs`, one field in [`RunConfig`](crate::config::RunConfig). The named variants travel
+//! typed from the command line to the run's configuration: concurrency control, commit
+//! logging, key distribution and transaction mix as [`Value::Cc`], [`Value::Log`],
+//! [`Value::Dist`] and [`Value::Mix`], engine options as [`Value::Setting`]s (see
+//! [`crate::config::engine`]); each prints as the command line names it.
 
 use std::fmt;
 
 use serde::{Serialize, Serializer};
 
 use crate::config::engine::Setting;
+use crate::config::{Cc, Log, Mix};
+use crate::dist::KeyDist;
 
-/// One value of an axis, typed just enough to print it and to write it to JSON, or an engine
-/// option typed as [`Options`](shoal::Options) takes it.
+/// One value of an axis, typed just enough to print it and to write it to JSON, or typed as
+/// the run takes it: a named variant of the harness or an engine option as
+/// [`Options`](shoal::Options) takes it. Each is written (in tables, notes and JSON) as the
+/// command line names it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(untagged)]
 pub enum Value {
@@ -21,14 +28,27 @@ pub enum Value {
     Int(u64),
     /// A fraction (read ratio).
     Float(f64),
-    /// A named variant (concurrency control).
+    /// A named variant of a workload (`--variant`, `--hotspot`) or a duration as given
+    /// (`--hot-move-every`).
     Text(String),
-    /// An engine option, written as the command line names it.
+    /// Concurrency control (`--cc`).
+    #[serde(serialize_with = "as_text")]
+    Cc(Cc),
+    /// Commit logging (`--log`).
+    #[serde(serialize_with = "as_text")]
+    Log(Log),
+    /// A key distribution (`--zipf`, `--self-similar`).
+    #[serde(serialize_with = "as_text")]
+    Dist(KeyDist),
+    /// A transaction mix (`--mix`).
+    #[serde(serialize_with = "as_text")]
+    Mix(Mix),
+    /// An engine option.
     #[serde(serialize_with = "as_text")]
     Setting(Setting),
 }
 
-fn as_text<S: Serializer>(v: &Setting, s: S) -> Result<S::Ok, S::Error> {
+fn as_text<T: fmt::Display, S: Serializer>(v: &T, s: S) -> Result<S::Ok, S::Error> {
     s.collect_str(v)
 }
 
@@ -38,6 +58,10 @@ impl fmt::Display for Value {
             Value::Int(v) => write!(f, "{v}"),
             Value::Float(v) => write!(f, "{v}"),
             Value::Text(v) => f.write_str(v),
+            Value::Cc(v) => write!(f, "{v}"),
+            Value::Log(v) => write!(f, "{v}"),
+            Value::Dist(v) => write!(f, "{v}"),
+            Value::Mix(v) => write!(f, "{v}"),
             Value::Setting(v) => write!(f, "{v}"),
         }
     }
@@ -58,6 +82,30 @@ impl From<f64> for Value {
 impl From<&str> for Value {
     fn from(v: &str) -> Self {
         Value::Text(v.to_string())
+    }
+}
+
+impl From<Cc> for Value {
+    fn from(v: Cc) -> Self {
+        Value::Cc(v)
+    }
+}
+
+impl From<Log> for Value {
+    fn from(v: Log) -> Self {
+        Value::Log(v)
+    }
+}
+
+impl From<KeyDist> for Value {
+    fn from(v: KeyDist) -> Self {
+        Value::Dist(v)
+    }
+}
+
+impl From<Mix> for Value {
+    fn from(v: Mix) -> Self {
+        Value::Mix(v)
     }
 }
 
@@ -180,7 +228,7 @@ mod tests {
     fn sweep() -> Sweep {
         Sweep {
             axes: vec![
-                Axis::new("cc", true, ["2pl", "none"]),
+                Axis::new("cc", true, [Cc::TwoPl, Cc::None]),
                 Axis::new("threads", false, [1u64, 2, 1]),
                 Axis::new("read-ratio", false, [0.0, 0.5]),
             ],
@@ -211,9 +259,30 @@ mod tests {
         assert_eq!(json_name("read-ratio"), "read_ratio");
         assert_eq!(json_name(sweep().axes[2].name), "read_ratio");
         assert_eq!(
-            serde_json::to_string(&vec![Value::Int(3), Value::Float(0.5), Value::from("2pl")])
+            serde_json::to_string(&vec![Value::Int(3), Value::Float(0.5), Value::from("on")])
                 .unwrap(),
-            r#"[3,0.5,"2pl"]"#
+            r#"[3,0.5,"on"]"#
+        );
+    }
+
+    #[test]
+    fn typed_variants_print_and_serialize_as_the_command_line_names_them() {
+        use crate::workloads::{tpcc, ycsb};
+        let values = [
+            Value::Cc(Cc::TwoPl),
+            Value::Cc(Cc::None),
+            Value::Log(Log::Pipelined),
+            Value::Dist(KeyDist::Zipf(0.99)),
+            Value::Dist(KeyDist::SelfSimilar(0.2)),
+            Value::Mix(Mix::Tpcc(tpcc::Mix::NewOrder)),
+            Value::Mix(Mix::Ycsb(ycsb::Mix::E)),
+        ];
+        let text = ["2pl", "none", "pipelined", "zipf:0.99", "self-similar:0.2", "new-order", "e"];
+        let shown: Vec<String> = values.iter().map(Value::to_string).collect();
+        assert_eq!(shown, text);
+        assert_eq!(
+            serde_json::to_string(&values).unwrap(),
+            serde_json::to_string(&text).unwrap()
         );
     }
 }

@@ -1,5 +1,5 @@
-//! The configuration of `shoal bench` runs: the command-line names of concurrency control and
-//! commit logging ([`Cc`], [`Log`]), the settings of a whole sweep ([`Params`]) and one run's
+//! The configuration of `shoal bench` runs: the command-line names of concurrency control,
+//! commit logging and transaction mixes ([`Cc`], [`Log`], [`Mix`]), the settings of a whole sweep ([`Params`]) and one run's
 //! typed options ([`RunConfig`]), with the engine options it sweeps in [`engine`]. Kept apart
 //! from the harness that runs them, so that the workloads, which read a `RunConfig`, and the
 //! harness, which runs the workloads, do not import each other.
@@ -7,15 +7,16 @@
 pub mod engine;
 pub mod portable;
 
+use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail};
 use shoal::{ConcurrencyControl, LogMode, Options};
 
-use crate::dist::{parse_dist, KeyDist};
+use crate::dist::KeyDist;
 use crate::sweep::{Point, Value};
-use crate::workloads::WorkloadKind;
+use crate::workloads::{tpcc, ycsb, WorkloadKind};
 
 /// Concurrency control as named on the command line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -51,18 +52,6 @@ impl Cc {
         }
     }
 
-    /// Parses a command-line name.
-    pub fn parse(s: &str) -> Option<Cc> {
-        match s {
-            "2pl" => Some(Cc::TwoPl),
-            "occ" => Some(Cc::Occ),
-            "none" | "serial" => Some(Cc::None),
-            "doppel" => Some(Cc::Doppel),
-            "atomic" => Some(Cc::Atomic),
-            _ => None,
-        }
-    }
-
     /// The engine setting (`atomic` runs no transactions: its database, used for the load
     /// and the check only, runs OCC).
     pub fn engine(self) -> ConcurrencyControl {
@@ -72,6 +61,13 @@ impl Cc {
             Cc::None => ConcurrencyControl::Serial,
             Cc::Doppel => ConcurrencyControl::Doppel,
         }
+    }
+}
+
+impl fmt::Display for Cc {
+    /// The command-line name.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
     }
 }
 
@@ -100,13 +96,6 @@ impl Log {
         }
     }
 
-    /// Parses a command-line name.
-    pub fn parse(s: &str) -> Option<Log> {
-        [Log::None, Log::Sync, Log::Async, Log::Pipelined]
-            .into_iter()
-            .find(|l| l.name() == s)
-    }
-
     /// The engine setting.
     pub fn engine(self) -> LogMode {
         match self {
@@ -115,6 +104,78 @@ impl Log {
             Log::Async => LogMode::Async,
             Log::Pipelined => LogMode::Pipelined,
         }
+    }
+}
+
+impl fmt::Display for Log {
+    /// The command-line name.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A transaction mix as `--mix` names it: TPC-C's or YCSB's (the names do not overlap).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mix {
+    /// A TPC-C mix: `full` or one transaction alone.
+    Tpcc(tpcc::Mix),
+    /// A YCSB core workload, `a` to `f`.
+    Ycsb(ycsb::Mix),
+}
+
+impl Mix {
+    /// Parses a `--mix` value (either case, spaces around it ignored); the error names the
+    /// valid values.
+    pub fn parse(s: &str) -> Result<Mix, String> {
+        let m = s.trim().to_ascii_lowercase();
+        if let Some(t) = tpcc::Mix::parse(&m) {
+            return Ok(Mix::Tpcc(t));
+        }
+        ycsb::Mix::parse(&m).map(Mix::Ycsb).ok_or_else(|| {
+            format!(
+                "{s:?} is no transaction mix (TPC-C: full, new-order, payment, order-status, \
+                 delivery, stock-level; YCSB: a to f)"
+            )
+        })
+    }
+
+    /// The command-line name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mix::Tpcc(m) => m.name(),
+            Mix::Ycsb(m) => m.name(),
+        }
+    }
+
+    /// The workload the mix belongs to.
+    pub fn workload(self) -> WorkloadKind {
+        match self {
+            Mix::Tpcc(_) => WorkloadKind::Tpcc,
+            Mix::Ycsb(_) => WorkloadKind::Ycsb,
+        }
+    }
+
+    /// The TPC-C mix, if it is one.
+    pub fn tpcc(self) -> Option<tpcc::Mix> {
+        match self {
+            Mix::Tpcc(m) => Some(m),
+            Mix::Ycsb(_) => None,
+        }
+    }
+
+    /// The YCSB mix, if it is one.
+    pub fn ycsb(self) -> Option<ycsb::Mix> {
+        match self {
+            Mix::Ycsb(m) => Some(m),
+            Mix::Tpcc(_) => None,
+        }
+    }
+}
+
+impl fmt::Display for Mix {
+    /// The command-line name.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
     }
 }
 
@@ -161,7 +222,7 @@ pub struct RunConfig {
     pub field_size: usize,
     /// The workload's transaction mix as given (`--mix`), if any (YCSB: `a` to `f`, default
     /// `a`; TPC-C: `full` (default), `new-order`, ...).
-    pub mix: Option<String>,
+    pub mix: Option<Mix>,
     /// The engine options of this run's database.
     pub options: Options,
 }
@@ -174,12 +235,12 @@ impl RunConfig {
             other => Err(anyhow!("option {name}: expected an integer, got {other:?}")),
         };
         let cc = match p.get("cc") {
-            Some(Value::Text(s)) => Cc::parse(s).ok_or_else(|| anyhow!("unknown --cc {s}"))?,
-            other => bail!("option cc: expected a name, got {other:?}"),
+            Some(Value::Cc(c)) => *c,
+            other => bail!("option cc: expected a concurrency control, got {other:?}"),
         };
         let log = match p.get("log") {
-            Some(Value::Text(s)) => Log::parse(s).ok_or_else(|| anyhow!("unknown --log {s}"))?,
-            other => bail!("option log: expected a name, got {other:?}"),
+            Some(Value::Log(l)) => *l,
+            other => bail!("option log: expected a commit logging mode, got {other:?}"),
         };
         let read_ratio = match p.get("read-ratio") {
             None => 0.0,
@@ -188,10 +249,8 @@ impl RunConfig {
         };
         let dist = match p.get("dist") {
             None => None,
-            Some(Value::Text(s)) => {
-                Some(parse_dist(s).ok_or_else(|| anyhow!("bad key distribution {s}"))?)
-            }
-            other => bail!("option dist: expected a name, got {other:?}"),
+            Some(Value::Dist(d)) => Some(*d),
+            other => bail!("option dist: expected a key distribution, got {other:?}"),
         };
         let opt_int = |name: &str, default: u64| match p.get(name) {
             None => Ok(default),
@@ -200,8 +259,8 @@ impl RunConfig {
         };
         let mix = match p.get("mix") {
             None => None,
-            Some(Value::Text(s)) => Some(s.clone()),
-            other => bail!("option mix: expected a name, got {other:?}"),
+            Some(Value::Mix(m)) => Some(*m),
+            other => bail!("option mix: expected a transaction mix, got {other:?}"),
         };
         let scale = match p.get("warehouses") {
             Some(_) => int("warehouses")?,
@@ -264,10 +323,12 @@ impl RunConfig {
     /// defaults for the rest: scale 1, read ratio 0, ...).
     #[cfg(test)]
     pub fn for_test(cc: &str, extra: &[(&'static str, Value)]) -> RunConfig {
+        use clap::ValueEnum;
         let mut p = Point(extra.to_vec());
+        let cc = Cc::from_str(cc, false).expect("a --cc name");
         let defaults = [
-            ("cc", Value::from(cc)),
-            ("log", Value::from("none")),
+            ("cc", Value::Cc(cc)),
+            ("log", Value::Log(Log::None)),
             ("threads", Value::Int(2)),
             ("seed", Value::Int(42)),
         ];
@@ -303,5 +364,30 @@ impl RunConfig {
     #[cfg(test)]
     pub fn thread_seed(&self, thread: usize) -> u64 {
         crate::driver::thread_seed(self.seed, thread)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_of_the_wrong_type_are_refused() {
+        for (name, v) in [
+            ("cc", Value::from("occ")),
+            ("log", Value::from("sync")),
+            ("mix", Value::from("a")),
+            ("dist", Value::from("zipf:1")),
+        ] {
+            let mut p = vec![
+                ("cc", Value::Cc(Cc::Occ)),
+                ("log", Value::Log(Log::Sync)),
+                ("threads", Value::Int(2)),
+                ("seed", Value::Int(1)),
+            ];
+            p.retain(|(n, _)| *n != name);
+            p.push((name, v));
+            assert!(RunConfig::from_point(&Point(p)).is_err(), "accepted {name}");
+        }
     }
 }

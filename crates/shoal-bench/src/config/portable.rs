@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::Log;
+use super::{Log, Mix};
 use crate::dist::KeyDist;
 use crate::engines::EngineKind;
 use crate::workloads::WorkloadKind;
@@ -40,7 +40,7 @@ pub struct PortableParams {
     /// YCSB bytes per field (ten fields).
     pub field_sizes: Vec<u64>,
     /// YCSB mixes (`None`: `a`).
-    pub mixes: Option<Vec<String>>,
+    pub mixes: Option<Vec<Mix>>,
     /// INCR1 hot fractions (`None`: 0.1).
     pub hot_fractions: Option<Vec<f64>>,
     /// YCSB key distribution (`None`: Zipfian 0.99).
@@ -73,8 +73,8 @@ pub struct LoadCfg {
 pub struct RunCfg {
     /// Worker threads.
     pub threads: usize,
-    /// YCSB mix letter.
-    pub mix: String,
+    /// YCSB mix (unused by the other workloads).
+    pub mix: crate::workloads::ycsb::Mix,
     /// INCR1 hot fraction.
     pub hot_fraction: f64,
     /// YCSB key distribution.
@@ -95,8 +95,8 @@ impl RunCfg {
             WorkloadKind::Ycsb => vec![
                 ("records", load.records.to_string()),
                 ("field_size", load.field_size.to_string()),
-                ("mix", self.mix.clone()),
-                ("dist", self.dist.describe()),
+                ("mix", self.mix.name().to_string()),
+                ("dist", self.dist.to_string()),
             ],
             _ => vec![
                 ("records", load.records.to_string()),

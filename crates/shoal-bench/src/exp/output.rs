@@ -278,8 +278,7 @@ pub(super) fn panels(e: &Experiment, groups: &[Group], done: &[Done]) -> Vec<cra
                     let x = match d.rec.options.get(g.x) {
                         Some(Value::Int(v)) => XValue::Num(*v as f64),
                         Some(Value::Float(v)) => XValue::Num(*v),
-                        Some(Value::Text(t)) => XValue::Text(t.clone()),
-                        Some(Value::Setting(s)) => XValue::Text(s.to_string()),
+                        Some(v) => XValue::Text(v.to_string()),
                         None => continue,
                     };
                     vec![(x, metric(m, &d.rec))]

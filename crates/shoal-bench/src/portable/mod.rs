@@ -176,22 +176,18 @@ fn sweep(p: &PortableParams, records: &mut Vec<PortableRecord>) -> anyhow::Resul
             other.name()
         ),
     }
+    use crate::workloads::ycsb::Mix;
     let mixes = match (&p.mixes, p.workload) {
-        (Some(m), WorkloadKind::Ycsb) => {
-            for x in m {
-                use crate::workloads::ycsb::Mix;
-                if !matches!(
-                    Mix::parse(x.trim()),
-                    Some(Mix::A | Mix::B | Mix::C | Mix::F)
-                ) {
-                    bail!("--mix {x}: the portable YCSB runs mixes a, b, c and f");
-                }
-            }
-            m.clone()
-        }
+        (Some(m), WorkloadKind::Ycsb) => m
+            .iter()
+            .map(|x| match x.ycsb() {
+                Some(y @ (Mix::A | Mix::B | Mix::C | Mix::F)) => Ok(y),
+                _ => Err(anyhow!("--mix {x}: the portable YCSB runs mixes a, b, c and f")),
+            })
+            .collect::<anyhow::Result<Vec<Mix>>>()?,
         (Some(_), _) => bail!("--mix applies to ycsb only with --engine"),
-        (None, WorkloadKind::Ycsb) => vec!["a".to_string()],
-        (None, _) => vec![String::new()],
+        // The other workloads draw no mix: one run each.
+        (None, _) => vec![Mix::A],
     };
     let hots = match (&p.hot_fractions, p.workload) {
         (Some(h), WorkloadKind::Incr1) => h.clone(),
@@ -211,7 +207,7 @@ fn sweep(p: &PortableParams, records: &mut Vec<PortableRecord>) -> anyhow::Resul
                             for &seed in &p.seeds {
                                 runs.push(RunCfg {
                                     threads: usize::try_from(threads)?,
-                                    mix: mix.clone(),
+                                    mix: *mix,
                                     hot_fraction: hot,
                                     dist,
                                     seed,
@@ -475,7 +471,7 @@ pub(crate) mod tests {
     /// checked; returns INCR1's parameters.
     fn ycsb_and_incr1(engines: &[EngineKind], mix: &str, hot: f64) -> PortableParams {
         let mut y = params(WorkloadKind::Ycsb, engines);
-        y.mixes = Some(vec![mix.into()]);
+        y.mixes = Some(vec![crate::config::Mix::parse(mix).unwrap()]);
         all_ok(&y);
         let mut i = params(WorkloadKind::Incr1, engines);
         i.hot_fractions = Some(vec![hot]);
@@ -576,7 +572,7 @@ pub(crate) mod tests {
         let recs = all_ok(&params(WorkloadKind::Tpcb, &e));
         assert!(recs[2].vs_shoal_2pl.is_some());
         let mut y = params(WorkloadKind::Ycsb, &[EngineKind::Sqlite]);
-        y.mixes = Some(vec!["b".into()]);
+        y.mixes = Some(vec![crate::config::Mix::Ycsb(crate::workloads::ycsb::Mix::B)]);
         y.threads = vec![2];
         all_ok(&y);
         let mut i = params(WorkloadKind::Incr1, &[EngineKind::Sqlite]);

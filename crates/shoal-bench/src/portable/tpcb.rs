@@ -74,7 +74,7 @@ mod tests {
         let w = Tpcb::<TableId>::load(db.as_ref(), &load).unwrap();
         let run = RunCfg {
             threads: 1,
-            mix: String::new(),
+            mix: crate::workloads::ycsb::Mix::A,
             hot_fraction: 0.0,
             dist: KeyDist::Uniform,
             seed: 1,

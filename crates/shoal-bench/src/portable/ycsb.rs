@@ -75,7 +75,7 @@ impl PortableWorkload for Ycsb {
         Worker {
             rng: SmallRng::seed_from_u64(seed),
             sampler: run.dist.over(self.records),
-            mix: Mix::parse(run.mix.trim()).unwrap_or(Mix::A),
+            mix: run.mix,
             key: 0,
             update: false,
         }

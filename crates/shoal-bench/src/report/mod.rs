@@ -589,8 +589,8 @@ mod tests {
         Sweep {
             axes: vec![
                 Axis::new("scale", true, [2u64]),
-                Axis::new("cc", true, ["2pl"]),
-                Axis::new("log", true, ["sync"]),
+                Axis::new("cc", true, [crate::config::Cc::TwoPl]),
+                Axis::new("log", true, [crate::config::Log::Sync]),
                 Axis::new("threads", false, [1u64, 8]),
                 Axis::new("read-ratio", false, [0.0, 0.25]),
                 Axis::new("seed", false, [7u64]),

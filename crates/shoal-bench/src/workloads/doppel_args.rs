@@ -433,15 +433,12 @@ mod tests {
 
     /// The plan of a 2-thread LIKE sweep over `ccs` and the database axis `axis`, and its
     /// runs described.
-    fn like_plan(
-        ccs: &[&'static str],
-        axis: crate::sweep::Axis,
-    ) -> (crate::harness::Plan, Vec<String>) {
+    fn like_plan(ccs: &[Cc], axis: crate::sweep::Axis) -> (crate::harness::Plan, Vec<String>) {
         use crate::sweep::{Axis, Sweep};
         let sweep = Sweep {
             axes: vec![
                 Axis::new("cc", true, ccs.iter().copied()),
-                Axis::new("log", true, ["none"]),
+                Axis::new("log", true, [crate::config::Log::None]),
                 axis,
                 Axis::new("threads", false, [2u64]),
                 Axis::new("seed", false, [1u64]),
@@ -455,7 +452,7 @@ mod tests {
     #[test]
     fn phase_ms_applies_to_doppel_only() {
         let axis = crate::sweep::Axis::new("phase-ms", true, [1.0, 5.0]);
-        let (plan, runs) = like_plan(&["occ", "doppel", "atomic"], axis);
+        let (plan, runs) = like_plan(&[Cc::Occ, Cc::Doppel, Cc::Atomic], axis);
         assert_eq!(
             runs,
             [
@@ -474,7 +471,7 @@ mod tests {
     #[test]
     fn split_top_applies_to_doppel_only_and_labels_the_top_records() {
         let axis = crate::sweep::Axis::new("split-top", true, [0u64, 2]);
-        let (plan, runs) = like_plan(&["occ", "doppel"], axis);
+        let (plan, runs) = like_plan(&[Cc::Occ, Cc::Doppel], axis);
         assert_eq!(
             runs,
             [

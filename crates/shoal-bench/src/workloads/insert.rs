@@ -157,8 +157,8 @@ mod tests {
         let cfg = crate::harness::plan(&crate::sweep::Sweep {
             axes: vec![
                 crate::sweep::Axis::new("scale", true, [1u64]),
-                crate::sweep::Axis::new("cc", true, ["2pl"]),
-                crate::sweep::Axis::new("log", true, ["none"]),
+                crate::sweep::Axis::new("cc", true, [crate::config::Cc::TwoPl]),
+                crate::sweep::Axis::new("log", true, [crate::config::Log::None]),
                 crate::sweep::Axis::new("threads", false, [2u64]),
                 crate::sweep::Axis::new("read-ratio", false, [0.0]),
                 crate::sweep::Axis::new("seed", false, [1u64]),

@@ -73,6 +73,18 @@ pub enum Mix {
 }
 
 impl Mix {
+    /// The command-line name (`a` to `f`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Mix::A => "a",
+            Mix::B => "b",
+            Mix::C => "c",
+            Mix::D => "d",
+            Mix::E => "e",
+            Mix::F => "f",
+        }
+    }
+
     /// Parses a mix name (`a` to `f`, either case).
     pub fn parse(s: &str) -> Option<Mix> {
         match s.to_ascii_lowercase().as_str() {
@@ -277,7 +289,7 @@ impl Workload for Ycsb {
         let dist = cfg.dist.unwrap_or(KeyDist::Zipf(0.99));
         YcsbWorker {
             rng: SmallRng::seed_from_u64(seed),
-            mix: cfg.mix.as_deref().and_then(Mix::parse).unwrap_or(Mix::A),
+            mix: cfg.mix.and_then(crate::config::Mix::ycsb).unwrap_or(Mix::A),
             sampler: dist.over(self.records),
             counts,
             op: Op::Read,
@@ -436,9 +448,12 @@ mod tests {
     fn load_run_and_check_every_mix() {
         let db = Database::in_memory();
         let y = Ycsb::load(&db, 500, 8, 2, &ProgressBar::hidden()).unwrap();
-        for (run, mix) in ["a", "b", "c", "d", "e", "f"].into_iter().enumerate() {
-            let cfg = RunConfig::for_test("2pl", &[("mix", mix.into()), ("threads", 1u64.into())]);
+        let mixes = [Mix::A, Mix::B, Mix::C, Mix::D, Mix::E, Mix::F];
+        for (run, mix) in mixes.into_iter().enumerate() {
+            let given = crate::config::Mix::Ycsb(mix).into();
+            let cfg = RunConfig::for_test("2pl", &[("mix", given), ("threads", 1u64.into())]);
             let mut w = y.worker(&cfg, run as u16, 0, 7);
+            assert_eq!(w.mix, mix);
             for _ in 0..300 {
                 y.next(&mut w);
                 db.run(|tx| y.execute(&w, tx)).unwrap();

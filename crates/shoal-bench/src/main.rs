@@ -685,6 +685,50 @@ mod tests {
         assert_eq!(parse(&["--cc", "serial"]).unwrap().cc, [Cc::None]);
     }
 
+    /// Every option of every workload reaches its run's configuration typed: an axis whose
+    /// name the configuration does not read fails the plan, and each value is checked.
+    #[test]
+    fn every_workload_option_reaches_the_run_typed() {
+        use std::time::Duration;
+        let cfg = |args: &str| {
+            let a: Vec<&str> = args.split_whitespace().collect();
+            let b = parse(&a).unwrap_or_else(|e| panic!("{args}: {e}"));
+            let plan = harness::plan_for(&b.sweep(), Some(b.workload));
+            let mut runs = plan.unwrap_or_else(|e| panic!("{args}: {e}")).runs;
+            assert_eq!(runs.len(), 1, "{args}");
+            runs.remove(0).0
+        };
+        let c = cfg("tpcb --scale 3 --read-ratio 0.1 --reverse-fraction 0.5 --zipf 0.5 --cc 2pl --threads 1");
+        assert_eq!((c.scale, c.read_ratio, c.reverse_fraction), (3, 0.1, 0.5));
+        assert_eq!(c.dist, Some(dist::KeyDist::Zipf(0.5)));
+        let c = cfg("tpcc --warehouses 2 --mix payment --cc occ --threads 1");
+        assert_eq!(c.scale, 2);
+        assert_eq!(c.mix, Some(Mix::Tpcc(workloads::tpcc::Mix::Payment)));
+        let c = cfg("ycsb --records 100 --field-size 10 --mix B --self-similar 0.2 --cc occ --threads 1");
+        assert_eq!((c.records, c.field_size), (100, 10));
+        assert_eq!(c.mix, Some(Mix::Ycsb(workloads::ycsb::Mix::B)));
+        assert_eq!(c.dist, Some(dist::KeyDist::SelfSimilar(0.2)));
+        let c = cfg("keyrange --records 50 --existing-endpoints 0.3 --cc 2pl --threads 1");
+        assert_eq!((c.records, c.existing_endpoints), (50, 0.3));
+        let c = cfg("txbench --table-rows 100 --rows-per-scan 5 --update-fraction 0.2 --hotspot --cc 2pl --threads 1");
+        assert_eq!((c.table_rows, c.rows_per_scan), (100, 5));
+        assert_eq!((c.update_fraction, c.hotspot), (0.2, true));
+        let c = cfg("intents --absolute-locks 10 --cc 2pl --threads 1");
+        assert_eq!(c.absolute_locks, 10);
+        let c = cfg("incr1 --hot-fraction 0.3 --hot-move-every 5ms --phase-ms 5 --cc doppel --threads 1");
+        assert_eq!(c.hot_fraction, Some(0.3));
+        assert_eq!(c.hot_move_every, Some(Duration::from_millis(5)));
+        assert_eq!(c.options.doppel.split_phase, Duration::from_millis(5));
+        let c = cfg("incrz --alpha 1.1 --split-top 3 --cc doppel --threads 1");
+        assert_eq!((c.alpha, c.split_top, c.hot_fraction), (Some(1.1), 3, None));
+        let c = cfg("like --alpha 1.2 --write-fraction 0.2 --cc occ --threads 1");
+        assert_eq!((c.alpha, c.write_fraction), (Some(1.2), 0.2));
+        let c = cfg("rubis --variant b --alpha 1.5 --cc occ --threads 1");
+        assert_eq!((c.variant, c.alpha), (workloads::doppel_args::Variant::B, Some(1.5)));
+        let c = cfg("tellers --records 10 --cc 2pl --threads 1");
+        assert_eq!(c.records, 10);
+    }
+
     #[test]
     fn mixes_parse_typed_and_name_the_valid_values() {
         let a = parse(&["ycsb", "--mix", " A ,f"]).unwrap();

@@ -16,7 +16,8 @@ use shoal::{ConcurrencyControl, LogMode, Options};
 
 use crate::dist::KeyDist;
 use crate::sweep::{Point, Value};
-use crate::workloads::{tpcc, ycsb, WorkloadKind};
+use crate::workloads::doppel_args::Variant;
+use crate::workloads::{tpcc, txbench, ycsb, WorkloadKind};
 
 /// Concurrency control as named on the command line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -196,7 +197,10 @@ pub struct Params {
     pub sampling: Option<crate::interval::Sampling>,
 }
 
-/// One run's configuration: a sweep point with its values typed.
+/// One run's configuration: a sweep point with its values typed. Every option a workload
+/// reads is a field here, typed from the point in one place ([`from_point`](Self::from_point)),
+/// which refuses an axis no field reads: a name misspelt in `main.rs` or here fails the
+/// sweep instead of leaving the run at a default in silence.
 #[derive(Clone, Debug)]
 pub struct RunConfig {
     /// The sweep point it came from (every swept option's value).
@@ -209,6 +213,9 @@ pub struct RunConfig {
     pub scale: u64,
     /// Probability that a balance update becomes a read.
     pub read_ratio: f64,
+    /// TPC-B: probability that a transaction updates branch, teller, account in that order
+    /// (`--reverse-fraction`; 0 when not swept).
+    pub reverse_fraction: f64,
     /// Base of the per-thread random seeds.
     pub seed: u64,
     /// How the workload draws its hot keys (TPC-B: the teller, hence the branch); `None`:
@@ -223,56 +230,129 @@ pub struct RunConfig {
     /// The workload's transaction mix as given (`--mix`), if any (YCSB: `a` to `f`, default
     /// `a`; TPC-C: `full` (default), `new-order`, ...).
     pub mix: Option<Mix>,
+    /// txbench: rows in each table (`--table-rows`).
+    pub table_rows: u64,
+    /// txbench: rows per range scan (`--rows-per-scan`).
+    pub rows_per_scan: u64,
+    /// txbench: probability that a transaction is read-update (`--update-fraction`).
+    pub update_fraction: f64,
+    /// txbench: accesses confined to the first 5% of each table (`--hotspot`).
+    pub hotspot: bool,
+    /// intents: transactions per million that take an absolute X lock (`--absolute-locks`).
+    pub absolute_locks: u64,
+    /// incr1: share of the transactions on the hot counter (`--hot-fraction`); `None` on the
+    /// other workloads (it tells incr1 from incrz).
+    pub hot_fraction: Option<f64>,
+    /// incr1: how often the hot counter moves (`--hot-move-every`); `None`: it stays.
+    pub hot_move_every: Option<Duration>,
+    /// incrz, like, rubis: Zipf exponent of the key popularity (`--alpha`); `None`: the
+    /// workload's default.
+    pub alpha: Option<f64>,
+    /// like: share of the transactions that write (`--write-fraction`).
+    pub write_fraction: f64,
+    /// rubis: the transaction mix (`--variant`).
+    pub variant: Variant,
+    /// Doppel: records labelled split from the start (`--split-top`; 0: none).
+    pub split_top: u64,
     /// The engine options of this run's database.
     pub options: Options,
 }
 
+/// Reads a sweep point's values by axis name, noting each name read, so that
+/// [`finish`](Self::finish) can refuse an axis that no option of the run reads.
+struct Reader<'a> {
+    p: &'a Point,
+    read: Vec<&'static str>,
+}
+
+impl<'a> Reader<'a> {
+    /// The value of axis `name`, if the point has it.
+    fn get(&mut self, name: &'static str) -> Option<&'a Value> {
+        self.read.push(name);
+        self.p.get(name)
+    }
+
+    /// An integer option; `default` when the point has no such axis (`None`: required).
+    fn int(&mut self, name: &'static str, default: Option<u64>) -> anyhow::Result<u64> {
+        match (self.get(name), default) {
+            (Some(Value::Int(v)), _) => Ok(*v),
+            (None, Some(d)) => Ok(d),
+            (other, _) => bail!("option {name}: expected an integer, got {other:?}"),
+        }
+    }
+
+    /// A number option, if the point has it.
+    fn opt_float(&mut self, name: &'static str) -> anyhow::Result<Option<f64>> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(Value::Float(v)) => Ok(Some(*v)),
+            Some(Value::Int(v)) => Ok(Some(*v as f64)),
+            Some(other) => bail!("option {name}: expected a number, got {other:?}"),
+        }
+    }
+
+    /// A number option; `default` when the point has no such axis.
+    fn float(&mut self, name: &'static str, default: f64) -> anyhow::Result<f64> {
+        Ok(self.opt_float(name)?.unwrap_or(default))
+    }
+
+    /// A name option, if the point has it.
+    fn text(&mut self, name: &'static str) -> anyhow::Result<Option<&'a str>> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(Value::Text(s)) => Ok(Some(s)),
+            Some(other) => bail!("option {name}: expected a name, got {other:?}"),
+        }
+    }
+
+    /// Fails if the point has an axis that was not read (engine options excepted: they are
+    /// typed, and applied by [`Point::settings`]).
+    fn finish(self) -> anyhow::Result<()> {
+        match self.p.0.iter().find(|(n, v)| {
+            !matches!(v, Value::Setting(_)) && !self.read.contains(n)
+        }) {
+            Some((n, _)) => bail!("option {n}: no option of a run has this name"),
+            None => Ok(()),
+        }
+    }
+}
+
 impl RunConfig {
-    /// Types the values of a sweep point.
+    /// Types the values of a sweep point; fails on a value of the wrong type and on an axis
+    /// that names no option of a run.
     pub fn from_point(p: &Point) -> anyhow::Result<RunConfig> {
-        let int = |name: &str| match p.get(name) {
-            Some(Value::Int(v)) => Ok(*v),
-            other => Err(anyhow!("option {name}: expected an integer, got {other:?}")),
+        let mut r = Reader {
+            p,
+            read: Vec::new(),
         };
-        let cc = match p.get("cc") {
+        let cc = match r.get("cc") {
             Some(Value::Cc(c)) => *c,
             other => bail!("option cc: expected a concurrency control, got {other:?}"),
         };
-        let log = match p.get("log") {
+        let log = match r.get("log") {
             Some(Value::Log(l)) => *l,
             other => bail!("option log: expected a commit logging mode, got {other:?}"),
         };
-        let read_ratio = match p.get("read-ratio") {
-            None => 0.0,
-            Some(Value::Float(v)) => *v,
-            other => bail!("option read-ratio: expected a number, got {other:?}"),
-        };
-        let dist = match p.get("dist") {
+        let dist = match r.get("dist") {
             None => None,
             Some(Value::Dist(d)) => Some(*d),
             other => bail!("option dist: expected a key distribution, got {other:?}"),
         };
-        let opt_int = |name: &str, default: u64| match p.get(name) {
-            None => Ok(default),
-            Some(Value::Int(v)) => Ok(*v),
-            other => Err(anyhow!("option {name}: expected an integer, got {other:?}")),
-        };
-        let mix = match p.get("mix") {
+        let mix = match r.get("mix") {
             None => None,
             Some(Value::Mix(m)) => Some(*m),
             other => bail!("option mix: expected a transaction mix, got {other:?}"),
         };
-        let scale = match p.get("warehouses") {
-            Some(_) => int("warehouses")?,
-            None => opt_int("scale", 1)?,
-        };
+        // TPC-C's scale is its warehouse count.
+        let scale = r.int("scale", Some(1))?;
+        let scale = r.int("warehouses", Some(scale))?;
         let mut options = Options::default()
             .with_cc(cc.engine())
             .with_log(log.engine());
         for s in p.settings() {
             s.apply(&mut options);
         }
-        match p.get("phase-ms") {
+        match r.get("phase-ms") {
             None => {}
             Some(Value::Float(ms)) if ms.is_finite() && *ms > 0.0 => {
                 options.doppel.split_phase = Duration::from_secs_f64(ms / 1e3);
@@ -282,24 +362,50 @@ impl RunConfig {
             }
             Some(v) => bail!("option phase-ms: expected a positive number, got {v}"),
         }
-        Ok(RunConfig {
+        let hot_move_every = match r.text("hot-move-every")? {
+            None => None,
+            Some(s) => Some(
+                engine::parse_duration(s).map_err(|e| anyhow!("option hot-move-every: {e}"))?,
+            ),
+        };
+        let variant = match r.text("variant")? {
+            None => Variant::C,
+            Some(s) => clap::ValueEnum::from_str(s, false)
+                .map_err(|e| anyhow!("option variant: {e}"))?,
+        };
+        let hotspot = match r.text("hotspot")? {
+            None | Some("off") => false,
+            Some("on") => true,
+            Some(s) => bail!("option hotspot: expected on or off, got {s}"),
+        };
+        let cfg = RunConfig {
             point: p.clone(),
             cc,
-            threads: usize::try_from(int("threads")?)?,
+            threads: usize::try_from(r.int("threads", None)?)?,
             scale,
-            read_ratio,
-            seed: int("seed")?,
+            read_ratio: r.float("read-ratio", 0.0)?,
+            reverse_fraction: r.float("reverse-fraction", 0.0)?,
+            seed: r.int("seed", None)?,
             dist,
-            records: opt_int("records", 1_000_000)?,
-            existing_endpoints: match p.get("existing-endpoints") {
-                None => 0.5,
-                Some(Value::Float(v)) => *v,
-                other => bail!("option existing-endpoints: expected a number, got {other:?}"),
-            },
-            field_size: usize::try_from(opt_int("field-size", 100)?)?,
+            records: r.int("records", Some(1_000_000))?,
+            existing_endpoints: r.float("existing-endpoints", 0.5)?,
+            field_size: usize::try_from(r.int("field-size", Some(100))?)?,
             mix,
+            table_rows: r.int("table-rows", Some(txbench::DEFAULT_ROWS))?,
+            rows_per_scan: r.int("rows-per-scan", Some(10))?,
+            update_fraction: r.float("update-fraction", 0.0)?,
+            hotspot,
+            absolute_locks: r.int("absolute-locks", Some(0))?,
+            hot_fraction: r.opt_float("hot-fraction")?,
+            hot_move_every,
+            alpha: r.opt_float("alpha")?,
+            write_fraction: r.float("write-fraction", 0.5)?,
+            variant,
+            split_top: r.int("split-top", Some(0))?,
             options,
-        })
+        };
+        r.finish()?;
+        Ok(cfg)
     }
 
     /// Every sweepable engine option's effective value, by axis name, in the form the
@@ -371,6 +477,26 @@ impl RunConfig {
 mod tests {
     use super::*;
 
+    fn point(extra: &[(&'static str, Value)]) -> Point {
+        let mut p = vec![
+            ("cc", Value::Cc(Cc::Occ)),
+            ("log", Value::Log(Log::Sync)),
+            ("threads", Value::Int(2)),
+            ("seed", Value::Int(1)),
+        ];
+        p.extend_from_slice(extra);
+        Point(p)
+    }
+
+    #[test]
+    fn an_axis_no_option_reads_is_refused() {
+        let c = RunConfig::from_point(&point(&[("alpha", Value::Float(1.1))])).unwrap();
+        assert_eq!(c.alpha, Some(1.1));
+        assert_eq!((c.cc, c.options.log), (Cc::Occ, LogMode::Sync));
+        let e = RunConfig::from_point(&point(&[("alhpa", Value::Float(1.1))])).unwrap_err();
+        assert!(e.to_string().contains("option alhpa"), "{e}");
+    }
+
     #[test]
     fn values_of_the_wrong_type_are_refused() {
         for (name, v) in [
@@ -378,16 +504,16 @@ mod tests {
             ("log", Value::from("sync")),
             ("mix", Value::from("a")),
             ("dist", Value::from("zipf:1")),
+            ("alpha", Value::from("1")),
+            ("records", Value::Float(1.0)),
+            ("hotspot", Value::from("maybe")),
+            ("variant", Value::from("z")),
+            ("hot-move-every", Value::from("soon")),
         ] {
-            let mut p = vec![
-                ("cc", Value::Cc(Cc::Occ)),
-                ("log", Value::Log(Log::Sync)),
-                ("threads", Value::Int(2)),
-                ("seed", Value::Int(1)),
-            ];
-            p.retain(|(n, _)| *n != name);
-            p.push((name, v));
-            assert!(RunConfig::from_point(&Point(p)).is_err(), "accepted {name}");
+            let mut p = point(&[]);
+            p.0.retain(|(n, _)| *n != name);
+            p.0.push((name, v));
+            assert!(RunConfig::from_point(&p).is_err(), "accepted {name}");
         }
     }
 }

@@ -8,7 +8,7 @@ use shoal::Database;
 
 use super::WorkloadKind;
 use crate::config::{Cc, RunConfig};
-use crate::sweep::{Axis, Value};
+use crate::sweep::Axis;
 
 /// `--variant` of RUBiS.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -222,7 +222,7 @@ pub fn label_top(
     prefix: u8,
     rows: u64,
 ) -> anyhow::Result<()> {
-    let n = float(cfg, "split-top", 0.0) as u64;
+    let n = cfg.split_top;
     if cfg.cc != Cc::Doppel || n == 0 {
         return Ok(());
     }
@@ -244,23 +244,6 @@ pub fn skip_reason(cfg: &RunConfig, workload: Option<WorkloadKind>) -> Option<St
         ));
     }
     None
-}
-
-/// Reads a number option of a sweep point (`default` when the sweep has no such axis).
-pub fn float(cfg: &RunConfig, name: &str, default: f64) -> f64 {
-    match cfg.point.get(name) {
-        Some(Value::Float(v)) => *v,
-        Some(Value::Int(v)) => *v as f64,
-        _ => default,
-    }
-}
-
-/// Reads a name option of a sweep point (`default` when the sweep has no such axis).
-pub fn text<'a>(cfg: &'a RunConfig, name: &str, default: &'a str) -> &'a str {
-    match cfg.point.get(name) {
-        Some(Value::Text(v)) => v,
-        _ => default,
-    }
 }
 
 /// Doppel's counters over one run, for its record.

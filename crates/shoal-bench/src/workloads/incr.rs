@@ -33,7 +33,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use shoal::{Database, Table, Transaction};
 
-use super::doppel_args::{float, key16, label_top, parse_key16, text};
+use super::doppel_args::{key16, label_top, parse_key16};
 use super::{load_ids, Ledger, Load, Workload};
 use crate::config::{Cc, RunConfig};
 use crate::dist::{KeyDist, Sampler};
@@ -124,7 +124,7 @@ pub struct IncrWorker {
 impl Incr {
     /// Whether the run is incr1 (its point has `hot-fraction`) rather than incrz.
     fn is_incr1(cfg: &RunConfig) -> bool {
-        cfg.point.get("hot-fraction").is_some()
+        cfg.hot_fraction.is_some()
     }
 
     fn scan_sum(&self, db: &Database) -> anyhow::Result<(u64, i64)> {
@@ -187,10 +187,7 @@ impl Workload for Incr {
     }
 
     fn worker(&self, cfg: &RunConfig, run: u16, _thread: u16, seed: u64) -> IncrWorker {
-        let every = (cfg.point.get("hot-move-every").is_some() && self.hot_key)
-            .then(|| text(cfg, "hot-move-every", ""))
-            .and_then(|s| crate::config::engine::parse_duration(s).ok())
-            .filter(|d| !d.is_zero());
+        let every = cfg.hot_move_every.filter(|d| self.hot_key && !d.is_zero());
         let moving = every.map(|every| {
             // The harness makes every worker of a run before it starts any; the first one
             // made fixes the run's start.
@@ -218,8 +215,8 @@ impl Workload for Incr {
         IncrWorker {
             rng: SmallRng::seed_from_u64(seed),
             blind: cfg.cc == Cc::Doppel,
-            hot_fraction: float(cfg, "hot-fraction", 0.0).clamp(0.0, 1.0),
-            sampler: KeyDist::Zipf(float(cfg, "alpha", 0.0)).over(self.n),
+            hot_fraction: cfg.hot_fraction.unwrap_or(0.0).clamp(0.0, 1.0),
+            sampler: KeyDist::Zipf(cfg.alpha.unwrap_or(0.0)).over(self.n),
             id: 0,
             hot: false,
             key: [0; 16],

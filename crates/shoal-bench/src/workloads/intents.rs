@@ -19,7 +19,6 @@ use shoal::{Database, LockMode, Table, Transaction};
 
 use super::{Ledger, Load, Workload};
 use crate::config::RunConfig;
-use crate::sweep::Value;
 
 /// The tables' names.
 pub const TABLES: [&str; 4] = ["branch", "teller", "account", "history"];
@@ -52,10 +51,7 @@ pub struct IntentsWorker {
 
 /// `--absolute-locks` of a run (0 when absent).
 pub fn absolute_per_million(cfg: &RunConfig) -> u64 {
-    match cfg.point.get("absolute-locks") {
-        Some(Value::Int(v)) => (*v).min(1_000_000),
-        _ => 0,
-    }
+    cfg.absolute_locks.min(1_000_000)
 }
 
 impl Workload for Intents {
@@ -131,6 +127,7 @@ impl Workload for Intents {
 mod tests {
     use super::*;
     use crate::config::engine::Setting;
+    use crate::sweep::Value;
     use crate::workloads::testutil::{config, run_txns};
 
     #[test]

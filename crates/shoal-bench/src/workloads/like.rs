@@ -18,7 +18,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use shoal::{Database, Table, Transaction};
 
-use super::doppel_args::{float, key16, label_top, parse_key16};
+use super::doppel_args::{key16, label_top, parse_key16};
 use super::{load_ids, Ledger, Load, Workload};
 use crate::config::{Cc, RunConfig};
 use crate::dist::{KeyDist, Sampler};
@@ -123,8 +123,8 @@ impl Workload for Like {
         LikeWorker {
             rng: SmallRng::seed_from_u64(seed),
             blind: cfg.cc == Cc::Doppel,
-            write_fraction: float(cfg, "write-fraction", 0.5).clamp(0.0, 1.0),
-            pages: KeyDist::Zipf(float(cfg, "alpha", 1.4)).over(self.n),
+            write_fraction: cfg.write_fraction.clamp(0.0, 1.0),
+            pages: KeyDist::Zipf(cfg.alpha.unwrap_or(1.4)).over(self.n),
             write: false,
             page: 0,
             user_key: [0; 16],

@@ -45,7 +45,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use shoal::{Database, Table, Transaction};
 
-use super::doppel_args::{float, key16, parse_key16, text};
+use super::doppel_args::{key16, parse_key16, Variant};
 use super::{parallel_load, Ledger, Load, Workload};
 use crate::config::{Cc, RunConfig};
 use crate::dist::{KeyDist, Sampler};
@@ -85,9 +85,9 @@ const KINDS: &[&str] = &[
 const MIX_B: [f64; 8] = [9.0, 3.0, 3.0, 35.0, 10.0, 15.0, 15.0, 10.0];
 
 /// The cumulative mix of a variant: `b`, or `c` (store-bid 50%, the rest scaled).
-fn mix(variant: &str) -> [f64; 8] {
+fn mix(variant: Variant) -> [f64; 8] {
     let mut m = MIX_B;
-    if variant == "c" {
+    if variant == Variant::C {
         let rest = 100.0 - MIX_B[STORE_BID];
         for (i, v) in m.iter_mut().enumerate() {
             *v = if i == STORE_BID {
@@ -242,8 +242,8 @@ impl Workload for Rubis {
         RubisWorker {
             rng: SmallRng::seed_from_u64(seed),
             blind: cfg.cc == Cc::Doppel,
-            mix: mix(text(cfg, "variant", "c")),
-            items: KeyDist::Zipf(float(cfg, "alpha", 1.8)).over(self.items),
+            mix: mix(cfg.variant),
+            items: KeyDist::Zipf(cfg.alpha.unwrap_or(1.8)).over(self.items),
             uid_base: (u64::from(run) << 44) | (u64::from(thread & 0xfff) << 32),
             seq: 0,
             kind: 0,
@@ -556,12 +556,12 @@ mod tests {
 
     #[test]
     fn mixes_add_up() {
-        for v in ["b", "c"] {
+        for v in [Variant::B, Variant::C] {
             let m = mix(v);
-            assert!((m[7] - 100.0).abs() < 1e-9, "{v}: {m:?}");
+            assert!((m[7] - 100.0).abs() < 1e-9, "{v:?}: {m:?}");
         }
-        assert!((mix("c")[STORE_BID] - 50.0).abs() < 1e-9);
-        let b = mix("b");
+        assert!((mix(Variant::C)[STORE_BID] - 50.0).abs() < 1e-9);
+        let b = mix(Variant::B);
         assert!((b[STORE_ITEM] - 15.0).abs() < 1e-9, "{b:?}");
     }
 

@@ -499,12 +499,8 @@ impl Workload for Tpcb {
     }
 
     fn worker(&self, cfg: &RunConfig, run: u16, thread: u16, seed: u64) -> TpcbWorker {
-        let reverse_fraction = match cfg.point.get("reverse-fraction") {
-            Some(crate::sweep::Value::Float(f)) => *f,
-            _ => 0.0,
-        };
         let tellers = cfg.dist.unwrap_or(KeyDist::Uniform);
-        self.new_worker(run, thread, seed, cfg.read_ratio, reverse_fraction, tellers)
+        self.new_worker(run, thread, seed, cfg.read_ratio, cfg.reverse_fraction, tellers)
     }
 
     fn next(&self, w: &mut TpcbWorker) {

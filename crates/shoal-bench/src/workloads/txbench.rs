@@ -37,7 +37,6 @@ use shoal::{Database, Table, Transaction};
 
 use super::{Ledger, Load, Workload};
 use crate::config::RunConfig;
-use crate::sweep::Value;
 
 /// Rows per table unless `--table-rows` says otherwise (Jung et al.: 100k).
 pub const DEFAULT_ROWS: u64 = 100_000;
@@ -152,22 +151,14 @@ pub struct TxbenchParams {
 }
 
 impl TxbenchParams {
-    /// Reads `table-rows`, `rows-per-scan`, `update-fraction` and `hotspot` from `cfg`.
+    /// The txbench options of `cfg` (`table-rows`, `rows-per-scan`, `update-fraction`,
+    /// `hotspot`).
     pub fn of(cfg: &RunConfig) -> TxbenchParams {
-        let p = &cfg.point;
-        let int = |n: &str, d: u64| match p.get(n) {
-            Some(Value::Int(v)) => *v,
-            _ => d,
-        };
         TxbenchParams {
-            rows: int("table-rows", DEFAULT_ROWS).max(1),
-            rows_per_scan: int("rows-per-scan", 10).max(1),
-            update_fraction: match p.get("update-fraction") {
-                Some(Value::Float(f)) => *f,
-                Some(Value::Int(i)) => *i as f64,
-                _ => 0.0,
-            },
-            hotspot: matches!(p.get("hotspot"), Some(Value::Text(s)) if s == "on"),
+            rows: cfg.table_rows.max(1),
+            rows_per_scan: cfg.rows_per_scan.max(1),
+            update_fraction: cfg.update_fraction,
+            hotspot: cfg.hotspot,
         }
     }
 
@@ -450,6 +441,7 @@ impl Workload for Txbench {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sweep::Value;
     use crate::workloads::testutil::{config, run_txns};
 
     #[test]

@@ -433,6 +433,22 @@ fn bench(args: &BenchArgs) -> anyhow::Result<()> {
     run_bench(args).1
 }
 
+/// Refuses lock-table options (`--lock-table`, `--deadlock`, `--victim`) when no `--cc`
+/// value takes locks: the runs would not use them, yet their records would name them.
+fn check_lock_options(args: &BenchArgs) -> anyhow::Result<()> {
+    let given = args.engine.lock_options();
+    if given.is_empty() || args.cc.contains(&Cc::TwoPl) {
+        return Ok(());
+    }
+    let ccs: Vec<&str> = args.cc.iter().map(|c| c.name()).collect();
+    anyhow::bail!(
+        "--{} applies to the lock table, which only --cc 2pl uses; --cc {} takes no locks \
+         (add 2pl to --cc, or leave the option out)",
+        given.join(", --"),
+        ccs.join(",")
+    )
+}
+
 /// Runs the sweep `args` describe, prints its table and writes the files it asks for;
 /// returns the records of the finished runs and whether the sweep succeeded.
 fn run_bench(args: &BenchArgs) -> (Vec<Record>, anyhow::Result<()>) {
@@ -447,6 +463,7 @@ fn run_bench_into(args: &BenchArgs, records: &mut Vec<Record>) -> anyhow::Result
             anyhow::bail!("--mix {m} does not apply to {}", args.workload.name());
         }
     }
+    check_lock_options(args)?;
     args.doppel.check(args.workload)?;
     let sweep = args.sweep();
     let params = args.params();
@@ -683,6 +700,22 @@ mod tests {
             assert!(parse(bad).is_err(), "accepted {bad:?}");
         }
         assert_eq!(parse(&["--cc", "serial"]).unwrap().cc, [Cc::None]);
+    }
+
+    #[test]
+    fn lock_options_need_a_cc_that_takes_locks() {
+        let check = |a: &[&str]| check_lock_options(&parse(a).unwrap());
+        let e = check(&["--cc", "occ", "--deadlock", "no-wait"]).unwrap_err();
+        assert!(e.to_string().contains("--deadlock"), "{e}");
+        assert!(e.to_string().contains("--cc occ"), "{e}");
+        let e = check(&["--cc", "doppel,none", "--lock-table", "latched", "--victim", "kill-short"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--lock-table, --victim"), "{e}");
+        // One cc value that locks is enough; other engine options are not lock options.
+        check(&["--cc", "occ,2pl", "--deadlock", "no-wait"]).unwrap();
+        check(&["--deadlock", "wait-die"]).unwrap();
+        check(&["--cc", "occ", "--lock-timeout", "1s", "--elr", "sx"]).unwrap();
     }
 
     /// Every option of every workload reaches its run's configuration typed: an axis whose

@@ -73,6 +73,44 @@ fn bad_options_fail_with_usage() {
     assert!(!out.status.success());
 }
 
+/// Runs `shoal bench ARGS` on a tiny TPC-B, expecting it to fail; returns its stderr.
+fn bench_fails(args: &str) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_shoal"))
+        .current_dir(dir.path())
+        .args("bench tpcb --scale 1 --threads 1 --warmup 0 --duration 0.2 --no-progress".split(' '))
+        .args(args.split_whitespace())
+        .output()
+        .expect("run shoal");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "shoal bench {args} succeeded; stderr:\n{stderr}");
+    stderr
+}
+
+/// `--lock-table`, `--deadlock` and `--victim` mean something only to a run that takes
+/// locks: without `2pl` among the `--cc` values they are refused, not recorded unused.
+#[test]
+fn lock_options_without_a_locking_cc_are_refused() {
+    for args in [
+        "--cc occ --deadlock no-wait",
+        "--cc occ,none --lock-table latch-free",
+        "--cc doppel --victim kill-short --deadlock dreadlocks-spin",
+    ] {
+        let stderr = bench_fails(args);
+        assert!(stderr.contains("only --cc 2pl uses"), "{args}: {stderr}");
+        let first = args.split_whitespace().nth(2).unwrap();
+        assert!(stderr.contains(first), "{args}: {stderr}");
+    }
+}
+
+/// A victim rule other than kill-young with a policy that chooses its own victim is refused
+/// by the engine, with a message naming Dreadlocks.
+#[test]
+fn a_victim_rule_without_dreadlocks_is_refused() {
+    let stderr = bench_fails("--cc 2pl --deadlock no-wait --victim kill-short");
+    assert!(stderr.contains("applies to Dreadlocks only"), "{stderr}");
+}
+
 #[test]
 fn tiny_tpcc_full_mix_reports_per_type_and_passes_the_check() {
     let dir = tempfile::tempdir().unwrap();

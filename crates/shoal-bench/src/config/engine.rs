@@ -435,6 +435,22 @@ impl EngineArgs {
     pub fn any(&self) -> bool {
         !self.given.is_empty()
     }
+
+    /// The options given that only a run taking locks uses (`lock-table`, `deadlock`,
+    /// `victim`), by name.
+    pub fn lock_options(&self) -> Vec<&'static str> {
+        self.given
+            .iter()
+            .filter_map(|v| v.first())
+            .filter(|s| {
+                matches!(
+                    s,
+                    Setting::LockTable(_) | Setting::Deadlock(_) | Setting::Victim(_)
+                )
+            })
+            .map(Setting::axis)
+            .collect()
+    }
 }
 
 #[cfg(test)]

@@ -149,7 +149,10 @@ mod tests {
         ] {
             assert_eq!(d.to_string(), s);
         }
-        assert_eq!(parse_theta("-1"), Err("-1: theta must be between 0 (uniform) and 10".into()));
+        assert_eq!(
+            parse_theta("-1"),
+            Err("-1: theta must be between 0 (uniform) and 10".into())
+        );
         assert!(parse_h("0").is_err() && parse_h("0.6").is_err());
         assert!(matches!(KeyDist::Zipf(0.0).over(9), Sampler::Uniform(9)));
     }

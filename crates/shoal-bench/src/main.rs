@@ -640,7 +640,10 @@ mod tests {
         use workloads::tpcc::Mix as T;
         assert_eq!(
             s.axis("mix").unwrap().values,
-            [Value::Mix(Mix::Tpcc(T::Full)), Value::Mix(Mix::Tpcc(T::Payment))]
+            [
+                Value::Mix(Mix::Tpcc(T::Full)),
+                Value::Mix(Mix::Tpcc(T::Payment))
+            ]
         );
         let plan = harness::plan(&s).unwrap();
         let runs: Vec<(u64, &str)> = plan
@@ -708,9 +711,16 @@ mod tests {
         let e = check(&["--cc", "occ", "--deadlock", "no-wait"]).unwrap_err();
         assert!(e.to_string().contains("--deadlock"), "{e}");
         assert!(e.to_string().contains("--cc occ"), "{e}");
-        let e = check(&["--cc", "doppel,none", "--lock-table", "latched", "--victim", "kill-short"])
-            .unwrap_err()
-            .to_string();
+        let e = check(&[
+            "--cc",
+            "doppel,none",
+            "--lock-table",
+            "latched",
+            "--victim",
+            "kill-short",
+        ])
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("--lock-table, --victim"), "{e}");
         // One cc value that locks is enough; other engine options are not lock options.
         check(&["--cc", "occ,2pl", "--deadlock", "no-wait"]).unwrap();
@@ -737,7 +747,9 @@ mod tests {
         let c = cfg("tpcc --warehouses 2 --mix payment --cc occ --threads 1");
         assert_eq!(c.scale, 2);
         assert_eq!(c.mix, Some(Mix::Tpcc(workloads::tpcc::Mix::Payment)));
-        let c = cfg("ycsb --records 100 --field-size 10 --mix B --self-similar 0.2 --cc occ --threads 1");
+        let c = cfg(
+            "ycsb --records 100 --field-size 10 --mix B --self-similar 0.2 --cc occ --threads 1",
+        );
         assert_eq!((c.records, c.field_size), (100, 10));
         assert_eq!(c.mix, Some(Mix::Ycsb(workloads::ycsb::Mix::B)));
         assert_eq!(c.dist, Some(dist::KeyDist::SelfSimilar(0.2)));
@@ -748,7 +760,9 @@ mod tests {
         assert_eq!((c.update_fraction, c.hotspot), (0.2, true));
         let c = cfg("intents --absolute-locks 10 --cc 2pl --threads 1");
         assert_eq!(c.absolute_locks, 10);
-        let c = cfg("incr1 --hot-fraction 0.3 --hot-move-every 5ms --phase-ms 5 --cc doppel --threads 1");
+        let c = cfg(
+            "incr1 --hot-fraction 0.3 --hot-move-every 5ms --phase-ms 5 --cc doppel --threads 1",
+        );
         assert_eq!(c.hot_fraction, Some(0.3));
         assert_eq!(c.hot_move_every, Some(Duration::from_millis(5)));
         assert_eq!(c.options.doppel.split_phase, Duration::from_millis(5));
@@ -757,7 +771,10 @@ mod tests {
         let c = cfg("like --alpha 1.2 --write-fraction 0.2 --cc occ --threads 1");
         assert_eq!((c.alpha, c.write_fraction), (Some(1.2), 0.2));
         let c = cfg("rubis --variant b --alpha 1.5 --cc occ --threads 1");
-        assert_eq!((c.variant, c.alpha), (workloads::doppel_args::Variant::B, Some(1.5)));
+        assert_eq!(
+            (c.variant, c.alpha),
+            (workloads::doppel_args::Variant::B, Some(1.5))
+        );
         let c = cfg("tellers --records 10 --cc 2pl --threads 1");
         assert_eq!(c.records, 10);
     }

@@ -277,7 +277,15 @@ mod tests {
             Value::Mix(Mix::Tpcc(tpcc::Mix::NewOrder)),
             Value::Mix(Mix::Ycsb(ycsb::Mix::E)),
         ];
-        let text = ["2pl", "none", "pipelined", "zipf:0.99", "self-similar:0.2", "new-order", "e"];
+        let text = [
+            "2pl",
+            "none",
+            "pipelined",
+            "zipf:0.99",
+            "self-similar:0.2",
+            "new-order",
+            "e",
+        ];
         let shown: Vec<String> = values.iter().map(Value::to_string).collect();
         assert_eq!(shown, text);
         assert_eq!(

@@ -83,7 +83,10 @@ fn bench_fails(args: &str) -> String {
         .output()
         .expect("run shoal");
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(!out.status.success(), "shoal bench {args} succeeded; stderr:\n{stderr}");
+    assert!(
+        !out.status.success(),
+        "shoal bench {args} succeeded; stderr:\n{stderr}"
+    );
     stderr
 }
 

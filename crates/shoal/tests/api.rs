@@ -263,8 +263,8 @@ fn a_deadlock_victim_is_doomed_and_releases_its_locks() {
 
 #[test]
 fn a_refused_table_lock_names_the_table() {
-    use shoal::LockMode;
     use shoal::IntentLockKind;
+    use shoal::LockMode;
     for intent_locks in [IntentLockKind::Lightweight, IntentLockKind::LockTable] {
         let db = Database::in_memory_with(
             Options::default()

@@ -308,9 +308,12 @@ impl<'a> Reader<'a> {
     /// Fails if the point has an axis that was not read (engine options excepted: they are
     /// typed, and applied by [`Point::settings`]).
     fn finish(self) -> anyhow::Result<()> {
-        match self.p.0.iter().find(|(n, v)| {
-            !matches!(v, Value::Setting(_)) && !self.read.contains(n)
-        }) {
+        match self
+            .p
+            .0
+            .iter()
+            .find(|(n, v)| !matches!(v, Value::Setting(_)) && !self.read.contains(n))
+        {
             Some((n, _)) => bail!("option {n}: no option of a run has this name"),
             None => Ok(()),
         }
@@ -364,14 +367,15 @@ impl RunConfig {
         }
         let hot_move_every = match r.text("hot-move-every")? {
             None => None,
-            Some(s) => Some(
-                engine::parse_duration(s).map_err(|e| anyhow!("option hot-move-every: {e}"))?,
-            ),
+            Some(s) => {
+                Some(engine::parse_duration(s).map_err(|e| anyhow!("option hot-move-every: {e}"))?)
+            }
         };
         let variant = match r.text("variant")? {
             None => Variant::C,
-            Some(s) => clap::ValueEnum::from_str(s, false)
-                .map_err(|e| anyhow!("option variant: {e}"))?,
+            Some(s) => {
+                clap::ValueEnum::from_str(s, false).map_err(|e| anyhow!("option variant: {e}"))?
+            }
         };
         let hotspot = match r.text("hotspot")? {
             None | Some("off") => false,

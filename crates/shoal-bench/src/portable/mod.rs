@@ -182,7 +182,9 @@ fn sweep(p: &PortableParams, records: &mut Vec<PortableRecord>) -> anyhow::Resul
             .iter()
             .map(|x| match x.ycsb() {
                 Some(y @ (Mix::A | Mix::B | Mix::C | Mix::F)) => Ok(y),
-                _ => Err(anyhow!("--mix {x}: the portable YCSB runs mixes a, b, c and f")),
+                _ => Err(anyhow!(
+                    "--mix {x}: the portable YCSB runs mixes a, b, c and f"
+                )),
             })
             .collect::<anyhow::Result<Vec<Mix>>>()?,
         (Some(_), _) => bail!("--mix applies to ycsb only with --engine"),
@@ -572,7 +574,9 @@ pub(crate) mod tests {
         let recs = all_ok(&params(WorkloadKind::Tpcb, &e));
         assert!(recs[2].vs_shoal_2pl.is_some());
         let mut y = params(WorkloadKind::Ycsb, &[EngineKind::Sqlite]);
-        y.mixes = Some(vec![crate::config::Mix::Ycsb(crate::workloads::ycsb::Mix::B)]);
+        y.mixes = Some(vec![crate::config::Mix::Ycsb(
+            crate::workloads::ycsb::Mix::B,
+        )]);
         y.threads = vec![2];
         all_ok(&y);
         let mut i = params(WorkloadKind::Incr1, &[EngineKind::Sqlite]);

@@ -500,7 +500,14 @@ impl Workload for Tpcb {
 
     fn worker(&self, cfg: &RunConfig, run: u16, thread: u16, seed: u64) -> TpcbWorker {
         let tellers = cfg.dist.unwrap_or(KeyDist::Uniform);
-        self.new_worker(run, thread, seed, cfg.read_ratio, cfg.reverse_fraction, tellers)
+        self.new_worker(
+            run,
+            thread,
+            seed,
+            cfg.read_ratio,
+            cfg.reverse_fraction,
+            tellers,
+        )
     }
 
     fn next(&self, w: &mut TpcbWorker) {

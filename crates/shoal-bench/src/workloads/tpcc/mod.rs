@@ -754,7 +754,10 @@ impl Workload for Tpcc {
     fn worker(&self, cfg: &RunConfig, run: u16, thread: u16, seed: u64) -> TpccWorker {
         TpccWorker {
             rng: SmallRng::seed_from_u64(seed),
-            mix: cfg.mix.and_then(crate::config::Mix::tpcc).unwrap_or(Mix::Full),
+            mix: cfg
+                .mix
+                .and_then(crate::config::Mix::tpcc)
+                .unwrap_or(Mix::Full),
             thread,
             seq: u64::from(run) << 48,
             cur: Txn::StockLevel {

@@ -67,46 +67,25 @@ impl fmt::Display for Value {
     }
 }
 
-impl From<u64> for Value {
-    fn from(v: u64) -> Self {
-        Value::Int(v)
-    }
+/// `From<T> for Value` for each typed axis value: `T => Value::Variant(conversion)`.
+macro_rules! value_from {
+    ($($t:ty => $variant:ident($conv:expr)),* $(,)?) => {
+        $(impl From<$t> for Value {
+            fn from(v: $t) -> Self {
+                Value::$variant($conv(v))
+            }
+        })*
+    };
 }
 
-impl From<f64> for Value {
-    fn from(v: f64) -> Self {
-        Value::Float(v)
-    }
-}
-
-impl From<&str> for Value {
-    fn from(v: &str) -> Self {
-        Value::Text(v.to_string())
-    }
-}
-
-impl From<Cc> for Value {
-    fn from(v: Cc) -> Self {
-        Value::Cc(v)
-    }
-}
-
-impl From<Log> for Value {
-    fn from(v: Log) -> Self {
-        Value::Log(v)
-    }
-}
-
-impl From<KeyDist> for Value {
-    fn from(v: KeyDist) -> Self {
-        Value::Dist(v)
-    }
-}
-
-impl From<Mix> for Value {
-    fn from(v: Mix) -> Self {
-        Value::Mix(v)
-    }
+value_from! {
+    u64 => Int(std::convert::identity),
+    f64 => Float(std::convert::identity),
+    &str => Text(str::to_string),
+    Cc => Cc(std::convert::identity),
+    Log => Log(std::convert::identity),
+    KeyDist => Dist(std::convert::identity),
+    Mix => Mix(std::convert::identity),
 }
 
 /// A named list of values to sweep over.

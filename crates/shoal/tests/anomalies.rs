@@ -382,6 +382,17 @@ fn pmp_write_predicate() {
     );
 }
 
+/// The check of the counter scenarios: counter `c` (from 0) equals the number of
+/// committed increments, one per transaction.
+fn every_increment_counts(run: &Run) -> Result<(), String> {
+    let n = [T1, T2].iter().filter(|&&t| run.committed(t)).count() as i64;
+    let c = run.final_state.get("c").copied();
+    if c != Some(n) {
+        return Err(format!("{n} increments committed but the counter is {c:?}"));
+    }
+    Ok(())
+}
+
 /// P4 (lost update) with a counter: both transactions read c, then write read + 1. The
 /// counter must end equal to the number of committed increments.
 #[test]
@@ -398,14 +409,7 @@ fn p4_lost_update_counter() {
             (T1, Op::Commit),
             (T2, Op::Commit),
         ],
-        |run| {
-            let n = [T1, T2].iter().filter(|&&t| run.committed(t)).count() as i64;
-            let c = run.final_state.get("c").copied();
-            if c != Some(n) {
-                return Err(format!("{n} increments committed but the counter is {c:?}"));
-            }
-            Ok(())
-        },
+        every_increment_counts,
     );
 }
 
@@ -450,14 +454,7 @@ fn p4_atomic_add() {
             (T1, Op::Commit),
             (T2, Op::Commit),
         ],
-        |run| {
-            let n = [T1, T2].iter().filter(|&&t| run.committed(t)).count() as i64;
-            let c = run.final_state.get("c").copied();
-            if c != Some(n) {
-                return Err(format!("{n} increments committed but the counter is {c:?}"));
-            }
-            Ok(())
-        },
+        every_increment_counts,
     );
 }
 

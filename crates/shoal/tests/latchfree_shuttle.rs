@@ -55,6 +55,24 @@ use LockMode::*;
 const ITERATIONS: usize = 3000;
 const LONG: Duration = Duration::from_secs(3600);
 
+/// Spawns `n` threads, thread `i` running `f(i)`.
+fn spawn_each(n: u64, f: impl Fn(u64) + Send + Sync + 'static) -> Vec<thread::JoinHandle<()>> {
+    let f = Arc::new(f);
+    (0..n)
+        .map(|i| {
+            let f = f.clone();
+            thread::spawn(move || f(i))
+        })
+        .collect()
+}
+
+/// Joins every thread of `hs`, passing a panic on.
+fn join_all(hs: Vec<thread::JoinHandle<()>>) {
+    for h in hs {
+        h.join().unwrap();
+    }
+}
+
 fn small_table() -> Arc<LatchFreeLockTable> {
     Arc::new(LatchFreeLockTable::with_params(
         DeadlockPolicy::Timeout,
@@ -100,23 +118,19 @@ fn shuttle_exclusive_acquire_release_race() {
         || {
             let t = small_table();
             let c = Arc::new(AtomicI64::new(0));
-            let hs: Vec<_> = (0..3u64)
-                .map(|i| {
-                    let (t, c) = (t.clone(), c.clone());
-                    thread::spawn(move || {
-                        for round in 0..2u64 {
-                            let txn: TxnId = 10 * round + i + 1;
-                            let mode = if i == 2 { S } else { X };
-                            assert_eq!(t.lock(txn, &key(1), mode, LONG), Ok(mode));
-                            section(&c, mode);
-                            t.unlock(txn, &key(1));
-                        }
-                    })
-                })
-                .collect();
-            for h in hs {
-                h.join().unwrap();
-            }
+            let hs = spawn_each(3u64, {
+                let (t, c) = (t.clone(), c.clone());
+                move |i| {
+                    for round in 0..2u64 {
+                        let txn: TxnId = 10 * round + i + 1;
+                        let mode = if i == 2 { S } else { X };
+                        assert_eq!(t.lock(txn, &key(1), mode, LONG), Ok(mode));
+                        section(&c, mode);
+                        t.unlock(txn, &key(1));
+                    }
+                }
+            });
+            join_all(hs);
             assert!(t.is_free(&key(1)));
             assert_eq!(t.queue_count(), 0);
         },
@@ -155,9 +169,7 @@ fn shuttle_conversion_races_new_request() {
                 })
                 .collect();
             h1.join().unwrap();
-            for h in hs {
-                h.join().unwrap();
-            }
+            join_all(hs);
             assert_eq!(t.queue_count(), 0);
         },
         ITERATIONS,
@@ -187,9 +199,7 @@ fn shuttle_no_lost_wakeup() {
             thread::yield_now();
             released.store(true, SeqCst);
             t.unlock(1, &key(1));
-            for h in hs {
-                h.join().unwrap();
-            }
+            join_all(hs);
             assert!(t.is_free(&key(1)));
         },
         ITERATIONS,
@@ -233,20 +243,18 @@ fn shuttle_reclamation_never_frees_reachable_entry() {
             // Retire batch 1: every unlink tries to advance the epoch and reclaim. Walkers on
             // the same list assert (in `walk`) that they never reach a reclaimed entry.
             let t = small_table();
-            let hs: Vec<_> = (0..2u64)
-                .map(|i| {
-                    let t = t.clone();
-                    thread::spawn(move || {
-                        for round in 0..3u64 {
-                            let txn = 100 * i + round + 1;
-                            t.lock(txn, &key(1), S, LONG).unwrap();
-                            t.lock(txn, &key(2), X, LONG).unwrap();
-                            t.unlock(txn, &key(1));
-                            t.unlock(txn, &key(2));
-                        }
-                    })
-                })
-                .collect();
+            let hs = spawn_each(2u64, {
+                let t = t.clone();
+                move |i| {
+                    for round in 0..3u64 {
+                        let txn = 100 * i + round + 1;
+                        t.lock(txn, &key(1), S, LONG).unwrap();
+                        t.lock(txn, &key(2), X, LONG).unwrap();
+                        t.unlock(txn, &key(1));
+                        t.unlock(txn, &key(2));
+                    }
+                }
+            });
             let walker = {
                 let t = t.clone();
                 thread::spawn(move || {
@@ -260,9 +268,7 @@ fn shuttle_reclamation_never_frees_reachable_entry() {
                     }
                 })
             };
-            for h in hs {
-                h.join().unwrap();
-            }
+            join_all(hs);
             walker.join().unwrap();
             assert_eq!(t.queue_count(), 0);
             // 2 lock heads keep their last entry; the rest is retired, pooled or reclaimed.
@@ -291,33 +297,31 @@ fn shuttle_head_unlink_races_acquire() {
             // sweeps: kills the idle heads it finds), a try_lock prober, and a reclaimer.
             let t = small_table();
             let c = Arc::new(AtomicI64::new(0));
-            let hs: Vec<_> = (0..2u64)
-                .map(|i| {
-                    let (t, c) = (t.clone(), c.clone());
-                    thread::spawn(move || {
-                        for round in 0..2u64 {
-                            let txn = 10 * round + i + 1;
-                            if i == 0 {
-                                assert_eq!(t.lock(txn, &key(1), X, LONG), Ok(X));
-                                section(&c, X);
-                            } else {
-                                assert_eq!(t.lock(txn, &key(1), S, LONG), Ok(S));
-                                assert!(c.fetch_add(1, SeqCst) < WRITER);
-                                c.fetch_sub(1, SeqCst);
-                                assert_eq!(t.lock(txn, &key(1), X, LONG), Ok(X));
-                                section(&c, X);
-                            }
-                            let fresh = key(10 + 2 * round as u8 + i as u8);
-                            assert_eq!(t.lock(txn, &fresh, X, LONG), Ok(X));
-                            for k in [key(1), fresh.clone()] {
-                                assert_eq!(t.held_mode(txn, &k), X, "request lost with its head");
-                            }
-                            t.unlock(txn, &key(1));
-                            t.unlock(txn, &fresh);
+            let hs = spawn_each(2u64, {
+                let (t, c) = (t.clone(), c.clone());
+                move |i| {
+                    for round in 0..2u64 {
+                        let txn = 10 * round + i + 1;
+                        if i == 0 {
+                            assert_eq!(t.lock(txn, &key(1), X, LONG), Ok(X));
+                            section(&c, X);
+                        } else {
+                            assert_eq!(t.lock(txn, &key(1), S, LONG), Ok(S));
+                            assert!(c.fetch_add(1, SeqCst) < WRITER);
+                            c.fetch_sub(1, SeqCst);
+                            assert_eq!(t.lock(txn, &key(1), X, LONG), Ok(X));
+                            section(&c, X);
                         }
-                    })
-                })
-                .collect();
+                        let fresh = key(10 + 2 * round as u8 + i as u8);
+                        assert_eq!(t.lock(txn, &fresh, X, LONG), Ok(X));
+                        for k in [key(1), fresh.clone()] {
+                            assert_eq!(t.held_mode(txn, &k), X, "request lost with its head");
+                        }
+                        t.unlock(txn, &key(1));
+                        t.unlock(txn, &fresh);
+                    }
+                }
+            });
             let prober = {
                 let (t, c) = (t.clone(), c.clone());
                 thread::spawn(move || {
@@ -330,9 +334,7 @@ fn shuttle_head_unlink_races_acquire() {
                 })
             };
             let r = reclaimer(&t, 2);
-            for h in hs {
-                h.join().unwrap();
-            }
+            join_all(hs);
             prober.join().unwrap();
             r.join().unwrap();
             assert!(t.is_free(&key(1)));
@@ -373,9 +375,7 @@ fn shuttle_waiter_keeps_its_head() {
             // A fresh id in the same buckets: its creation sweeps too.
             t.lock(1, &key(2), X, LONG).unwrap();
             t.unlock(1, &key(2));
-            for h in hs {
-                h.join().unwrap();
-            }
+            join_all(hs);
             r.join().unwrap();
             assert!(t.is_free(&key(1)));
             t.reclaim();
@@ -394,26 +394,24 @@ fn shuttle_head_reclamation_never_frees_reachable_head() {
             // reclaimed head or entry trips a poison assertion. Tags survive their head.
             let t = small_table();
             let tagged = Arc::new(AtomicBool::new(false));
-            let hs: Vec<_> = (0..2u64)
-                .map(|i| {
-                    let (t, tagged) = (t.clone(), tagged.clone());
-                    thread::spawn(move || {
-                        for round in 0..2u64 {
-                            let txn = 100 * i + round + 1;
-                            let k = key((2 * i + round) as u8);
-                            t.lock(txn, &k, X, LONG).unwrap();
-                            t.lock(txn, &key(7), S, LONG).unwrap();
-                            t.unlock(txn, &key(7));
-                            if i == 0 && round == 0 {
-                                t.unlock_tagged(txn, &k, 42);
-                                tagged.store(true, SeqCst);
-                            } else {
-                                t.unlock(txn, &k);
-                            }
+            let hs = spawn_each(2u64, {
+                let (t, tagged) = (t.clone(), tagged.clone());
+                move |i| {
+                    for round in 0..2u64 {
+                        let txn = 100 * i + round + 1;
+                        let k = key((2 * i + round) as u8);
+                        t.lock(txn, &k, X, LONG).unwrap();
+                        t.lock(txn, &key(7), S, LONG).unwrap();
+                        t.unlock(txn, &key(7));
+                        if i == 0 && round == 0 {
+                            t.unlock_tagged(txn, &k, 42);
+                            tagged.store(true, SeqCst);
+                        } else {
+                            t.unlock(txn, &k);
                         }
-                    })
-                })
-                .collect();
+                    }
+                }
+            });
             let reader = {
                 let (t, tagged) = (t.clone(), tagged.clone());
                 thread::spawn(move || {
@@ -428,9 +426,7 @@ fn shuttle_head_reclamation_never_frees_reachable_head() {
                 })
             };
             let r = reclaimer(&t, 2);
-            for h in hs {
-                h.join().unwrap();
-            }
+            join_all(hs);
             reader.join().unwrap();
             r.join().unwrap();
             assert_eq!(t.queue_count(), 0);

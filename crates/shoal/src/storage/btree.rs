@@ -924,17 +924,7 @@ impl BTree {
                 .find(|&c| (1..n).contains(&c) && fits(&img, c))
                 .unwrap_or_else(|| unreachable!("some split of a leaf fits"));
         }
-        let right_items = img.items.split_off(s);
-        let sep = right_items[0].key.clone();
-        let right = Image {
-            kind: KIND_LEAF,
-            leaf_children: false,
-            low: Some(sep.clone()),
-            high: img.high.take(),
-            first: super::page::NO_PAGE,
-            items: right_items,
-        };
-        img.high = Some(sep.clone());
+        let (sep, right) = split_leaf_image(&mut img, s);
         let rp = self.new_page(&right);
         Node(lf).write_image(&img);
         let ok = parent.insert(i, &Self::item(sep.clone(), rp, false, Vec::new(), false));
@@ -1018,17 +1008,7 @@ impl BTree {
         let (left, sep, right) = if was_leaf {
             let mut img = img;
             let s = Self::split_point(&img.items);
-            let right_items = img.items.split_off(s);
-            let sep = right_items[0].key.clone();
-            let right = Image {
-                kind: KIND_LEAF,
-                leaf_children: false,
-                low: Some(sep.clone()),
-                high: None,
-                first: super::page::NO_PAGE,
-                items: right_items,
-            };
-            img.high = Some(sep.clone());
+            let (sep, right) = split_leaf_image(&mut img, s);
             (img, sep, right)
         } else {
             Self::halve_inner(img)
@@ -1541,3 +1521,22 @@ fn pad8(n: usize) -> usize {
 #[cfg(test)]
 #[path = "btree_tests.rs"]
 mod tests;
+
+/// Splits a leaf's image before item `s` (`0 < s < len`): the items from `s` on go to the
+/// returned right sibling, whose low fence is their first key (the separator, also
+/// returned) and whose high fence is the leaf's; the leaf keeps the rest, fenced above by
+/// the separator.
+fn split_leaf_image(img: &mut Image, s: usize) -> (Vec<u8>, Image) {
+    let right_items = img.items.split_off(s);
+    let sep = right_items[0].key.clone();
+    let right = Image {
+        kind: KIND_LEAF,
+        leaf_children: false,
+        low: Some(sep.clone()),
+        high: img.high.take(),
+        first: super::page::NO_PAGE,
+        items: right_items,
+    };
+    img.high = Some(sep.clone());
+    (sep, right)
+}

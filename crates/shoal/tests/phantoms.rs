@@ -68,7 +68,8 @@ fn scan(
     scan_limited(tx, t, r, rev, None)
 }
 
-/// A scan, or with `limit` the first rows only (`scan_limit`, ascending whatever `rev`).
+/// A scan, or with `limit` the first rows only (`scan_limit`), or the last ones
+/// (`scan_rev_limit`, with `rev`); rows always come back ascending.
 fn scan_limited(
     tx: &mut shoal::Transaction<'_>,
     t: &Table,
@@ -77,7 +78,12 @@ fn scan_limited(
     limit: Option<usize>,
 ) -> shoal::Result<Rows> {
     if let Some(n) = limit {
-        return tx.scan_limit(t, r.clone(), n);
+        if !rev {
+            return tx.scan_limit(t, r.clone(), n);
+        }
+        let mut rows = tx.scan_rev_limit(t, r.clone(), n)?;
+        rows.reverse();
+        return Ok(rows);
     }
     let mut rows = if rev {
         tx.scan_rev(t, r.clone())?
@@ -91,9 +97,9 @@ fn scan_limited(
 }
 
 /// Checks order and bounds of an (ascending-normalized) scan result; a limited scan returns
-/// at most `limit` rows, the first ones, so only a stable key below its last row must be in
-/// it.
-fn check_rows(what: &str, r: &KeyRange, rows: &Rows, limit: Option<usize>) {
+/// at most `limit` rows, the first ones (the last ones with `rev`), so only a stable key
+/// below its last row (above its first) must be in it.
+fn check_rows(what: &str, r: &KeyRange, rows: &Rows, limit: Option<usize>, rev: bool) {
     let keys: Vec<String> = rows.iter().map(|(k, _)| show(k)).collect();
     assert!(
         rows.windows(2).all(|w| w[0].0 < w[1].0),
@@ -108,9 +114,10 @@ fn check_rows(what: &str, r: &KeyRange, rows: &Rows, limit: Option<usize>) {
             "{what}: scan {r} limited to {n} returned {keys:?}"
         );
     }
-    let last = rows.last().map(|(k, _)| k.clone());
+    let edge = if rev { rows.first() } else { rows.last() }.map(|(k, _)| k.clone());
     for k in STABLE {
-        let within = match (&last, limit) {
+        let within = match (&edge, limit) {
+            (Some(l), Some(_)) if rev => k.as_bytes() >= &l[..],
             (Some(l), Some(_)) => k.as_bytes() <= &l[..],
             (None, Some(_)) => false,
             (_, None) => true,
@@ -207,10 +214,15 @@ fn range_scans_see_no_phantoms_under_concurrent_inserts_and_deletes() {
                         }
                         let r = &all[rng.gen_range(0..all.len())];
                         let rev1 = rng.gen_bool(0.5);
-                        let rev2 = rng.gen_bool(0.5);
-                        // A third of the double scans read only the first rows (both the
-                        // same number): the rows up to the last one read must not change.
+                        // A third of the double scans read only the first rows, or the last
+                        // ones (both scans the same number, in the same direction): the rows
+                        // up to the last one read must not change.
                         let limit = rng.gen_bool(0.33).then(|| rng.gen_range(1..4));
+                        let rev2 = if limit.is_some() {
+                            rev1
+                        } else {
+                            rng.gen_bool(0.5)
+                        };
                         let (a, b) = db
                             .run(|tx| {
                                 let a = scan_limited(tx, t, r, rev1, limit)?;
@@ -223,8 +235,8 @@ fn range_scans_see_no_phantoms_under_concurrent_inserts_and_deletes() {
                                 Ok((a, b))
                             })
                             .expect("range reader");
-                        check_rows(what, r, &a, limit);
-                        check_rows(what, r, &b, limit);
+                        check_rows(what, r, &a, limit, rev1);
+                        check_rows(what, r, &b, limit, rev2);
                         assert_eq!(
                             a,
                             b,
@@ -295,8 +307,8 @@ fn range_scan_edges(o: &shoal::Options) {
                         if present { "deleted" } else { "inserted" },
                         if rev { "descending" } else { "ascending" }
                     );
-                    check_rows(&case, r, &a, None);
-                    check_rows(&case, r, &b, None);
+                    check_rows(&case, r, &a, None, false);
+                    check_rows(&case, r, &b, None, false);
                     if committed {
                         assert_eq!(keys(&a), keys(&b), "{case}: PHANTOM: the two scans differ");
                     }
@@ -429,5 +441,50 @@ fn a_limited_scan_sees_its_own_writes() {
             "{what}: the row's own new value"
         );
         tx.commit().expect("commit");
+    }
+}
+
+/// `scan_rev_limit` returns the last rows of every kind of range, like a model, also over
+/// deleted keys (ghosts under 2PL and OCC until they are reclaimed), in every mode.
+#[test]
+fn scan_rev_limit_matches_a_model() {
+    for o in modes() {
+        let what = format!("scan_rev_limit [{}]", mode_name(&o));
+        let mut rng = StdRng::seed_from_u64(common::seed(&what));
+        let db = Database::in_memory_with(o.clone());
+        let t = db.create_table("t").expect("create table");
+        let mut model = std::collections::BTreeMap::<Vec<u8>, Vec<u8>>::new();
+        for round in 0..300u64 {
+            // A few puts and deletes over 40 keys, so deletes leave holes and ghosts.
+            let k = format!("k{:02}", rng.gen_range(0..40)).into_bytes();
+            if rng.gen_bool(0.6) {
+                db.run(|tx| tx.put(&t, &k, enc(round as i64))).expect("put");
+                model.insert(k, enc(round as i64).to_vec());
+            } else {
+                db.run(|tx| tx.delete(&t, &k).map(|_| ())).expect("delete");
+                model.remove(&k);
+            }
+            let mut ranges = ranges();
+            ranges.push(KeyRange::new(Bound::Unbounded, Bound::Unbounded));
+            let r = &ranges[rng.gen_range(0..ranges.len())];
+            let limit = rng.gen_range(0..6);
+            let got = db
+                .run(|tx| tx.scan_rev_limit(&t, r.clone(), limit))
+                .expect("scan_rev_limit");
+            let want: Rows = model
+                .iter()
+                .rev()
+                .filter(|(k, _)| r.contains_key(k))
+                .take(limit)
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            assert_eq!(
+                got,
+                want,
+                "{what}: round {round}, {r} limit {limit}: {:?} against {:?}",
+                keys(&got),
+                keys(&want)
+            );
+        }
     }
 }

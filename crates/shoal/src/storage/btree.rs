@@ -211,6 +211,8 @@ enum Target<'a> {
     Below(&'a Probe<'a>),
     /// The leftmost leaf.
     First,
+    /// The rightmost leaf.
+    Last,
 }
 
 /// Bytes an entry for a key of `klen` bytes takes at most with an inline value.
@@ -293,6 +295,7 @@ impl BTree {
                 Target::Key(p) => n.child_index(p),
                 Target::Below(p) => n.child_index_below(p),
                 Target::First => 0,
+                Target::Last => n.count(),
             };
             let c = n.child(i);
             let cf = self.store.frame(c)?;
@@ -1035,14 +1038,59 @@ impl BTree {
     /// assert_eq!(t.predecessor(b"m"), None);
     /// ```
     pub fn predecessor(&self, key: &[u8]) -> Option<Vec<u8>> {
-        let mut target = key.to_vec();
+        self.last_below(Some(key.to_vec()))
+    }
+
+    /// The greatest key within the upper bound `hi`, ghosts included: at most `h` for
+    /// `Included(h)`, below `h` for `Excluded(h)`, the greatest of all for `Unbounded`. Where
+    /// a descending scan starts.
+    ///
+    /// ```
+    /// use shoal::storage::btree::{BTree, Record};
+    /// use std::ops::Bound::*;
+    /// let t = BTree::new();
+    /// for k in [b"a", b"m", b"x"] {
+    ///     t.update(k, |s| *s = Some(Record::default()));
+    /// }
+    /// assert_eq!(t.last_within(Included(&b"m"[..])), Some(b"m".to_vec()));
+    /// assert_eq!(t.last_within(Excluded(&b"m"[..])), Some(b"a".to_vec()));
+    /// assert_eq!(t.last_within(Unbounded), Some(b"x".to_vec()));
+    /// assert_eq!(t.last_within(Excluded(&b"a"[..])), None);
+    /// ```
+    pub fn last_within(&self, hi: Bound<&[u8]>) -> Option<Vec<u8>> {
+        match hi {
+            // The keys at most `h` are the keys below `h` followed by a zero byte.
+            Bound::Included(h) => {
+                let mut k = Vec::with_capacity(h.len() + 1);
+                k.extend_from_slice(h);
+                k.push(0);
+                self.last_below(Some(k))
+            }
+            Bound::Excluded(h) => self.last_below(Some(h.to_vec())),
+            Bound::Unbounded => self.last_below(None),
+        }
+    }
+
+    /// The greatest key strictly below `key` (`None`: +infinity), ghosts included.
+    fn last_below(&self, key: Option<Vec<u8>>) -> Option<Vec<u8>> {
+        let mut target = key;
         loop {
-            let t = Probe::new(&target);
-            let Some((_, f, v, _)) = self.descend(Target::Below(&t)) else {
-                continue;
+            let (f, v, i) = match &target {
+                Some(k) => {
+                    let t = Probe::new(k);
+                    let Some((_, f, v, _)) = self.descend(Target::Below(&t)) else {
+                        continue;
+                    };
+                    (f, v, Node(f).lower_bound(&t))
+                }
+                None => {
+                    let Some((_, f, v, _)) = self.descend(Target::Last) else {
+                        continue;
+                    };
+                    (f, v, Node(f).count())
+                }
             };
             let n = Node(f);
-            let i = n.lower_bound(&t);
             // The key below, or else the low fence to search below next.
             let res = if i > 0 {
                 Ok(n.key(i - 1))
@@ -1054,7 +1102,7 @@ impl BTree {
             }
             match res {
                 Ok(k) => return Some(k),
-                Err(Some(low)) => target = low,
+                Err(Some(low)) => target = Some(low),
                 Err(None) => return None,
             }
         }

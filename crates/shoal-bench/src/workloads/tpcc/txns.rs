@@ -276,7 +276,8 @@ impl Tpcc {
         by: &CustomerBy,
     ) -> shoal::Result<()> {
         let (c, _cust) = self.find_customer(tx, w, d, by)?;
-        let orders = tx.scan_rev(&self.order_cust, prefix_range(&wdid(w, d, c)))?;
+        // The customer's latest order: the last row of its range, read alone.
+        let orders = tx.scan_rev_limit(&self.order_cust, prefix_range(&wdid(w, d, c)), 1)?;
         let Some((k, _)) = orders.first() else {
             return Ok(()); // a customer without orders (possible only at tiny scales)
         };

@@ -45,6 +45,16 @@ mod epoch_sync {
     pub(super) use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 }
 
+/// `Ok` when `len` is at most `max`, else the error `too_large(len, max)` makes.
+#[inline]
+fn at_most(len: usize, max: usize, too_large: impl FnOnce(usize, usize) -> Error) -> Result<()> {
+    if len > max {
+        Err(too_large(len, max))
+    } else {
+        Ok(())
+    }
+}
+
 /// Entries read from the tree per scan round; each round is locked and validated on its own.
 const SCAN_CHUNK: usize = 256;
 
@@ -267,25 +277,15 @@ impl<'db> Ctx<'db> {
         if key.is_empty() {
             return Err(Error::EmptyKey);
         }
-        let max = self.inner().opts.max_key_len;
-        if key.len() > max {
-            return Err(Error::KeyTooLarge {
-                len: key.len(),
-                max,
-            });
-        }
-        Ok(())
+        at_most(key.len(), self.inner().opts.max_key_len, |len, max| {
+            Error::KeyTooLarge { len, max }
+        })
     }
 
     fn check_value(&self, value: &[u8]) -> Result<()> {
-        let max = self.inner().opts.max_value_len;
-        if value.len() > max {
-            return Err(Error::ValueTooLarge {
-                len: value.len(),
-                max,
-            });
-        }
-        Ok(())
+        at_most(value.len(), self.inner().opts.max_value_len, |len, max| {
+            Error::ValueTooLarge { len, max }
+        })
     }
 
     /// Counts a write against the largest commit record the log takes, refusing the write
@@ -752,9 +752,7 @@ impl<'db> Transaction<'db> {
         let max = self.cx.inner().opts.max_key_len;
         for b in [lo, hi] {
             if let Bound::Included(k) | Bound::Excluded(k) = b {
-                if k.len() > max {
-                    return Err(Error::KeyTooLarge { len: k.len(), max });
-                }
+                at_most(k.len(), max, |len, max| Error::KeyTooLarge { len, max })?;
             }
         }
         let slot = self.cx.table_slot(table)?;

@@ -17,7 +17,7 @@
 //! [`reclaim`] removes the ghosts of deletes once no transaction needs them.
 
 use std::cell::Cell;
-use std::ops::Bound;
+use std::ops::{Bound, RangeBounds};
 
 use parking_lot::MutexGuard;
 
@@ -706,21 +706,17 @@ impl<'db> Transaction<'db> {
             self.cx.active()?;
             return Ok(out);
         }
-        let above_lo = |k: &[u8]| match lo {
-            Bound::Included(l) => k >= l,
-            Bound::Excluded(l) => k > l,
-            Bound::Unbounded => true,
-        };
+        // Validates the table before its tree is looked at.
+        self.cx.table_slot(table)?;
+        let above_lo = (lo, Bound::Unbounded);
         // The part of the range still to read ends at `upper`.
         let mut upper: Bound<Vec<u8>> = hi.map(<[u8]>::to_vec);
         loop {
-            // Validates the table before its tree is looked at.
-            self.cx.table_slot(table)?;
             let start = table
                 .inner
                 .tree
                 .last_within(upper.as_ref().map(Vec::as_slice))
-                .filter(|k| above_lo(k));
+                .filter(|k| above_lo.contains(k.as_slice()));
             let from = match &start {
                 Some(k) => Bound::Included(k.as_slice()),
                 None => lo,

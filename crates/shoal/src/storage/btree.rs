@@ -890,18 +890,26 @@ impl BTree {
             }
             other => other,
         };
+        #[cfg(test)]
+        tests::IMAGE_SPLITS.set(tests::IMAGE_SPLITS.get() + 1);
         let mut img = Node(lf).image();
         let mut run_at = None;
         if let Some((j, it)) = pending {
             // An ascending run (the greatest key, or the key after the last insert): split
-            // at the new entry, so that the left page stays full and the run goes on in
-            // the right one.
+            // next to the new entry, so that the left page stays full.
             if j == img.items.len() || Node(lf).continues_run(j) {
                 run_at = Some(j);
             }
             img.items.insert(j, it);
         }
         let mut s = match run_at {
+            // A run in the middle of the leaf (one district's rows among the next
+            // district's): the new entry ends the left page and the entries above it move
+            // to the right page once. The run then goes on by appends at the end of a page
+            // (and `split_off_append` once that is full), instead of shifting the entries
+            // above it at every insert and carrying them along at every split.
+            Some(j) if j + 1 < img.items.len() => j + 1,
+            // At the top: the new entry starts the right page.
             Some(j) if j > 0 => j,
             _ => Self::split_point(&img.items),
         };

@@ -912,6 +912,53 @@ fn appends_that_add_a_high_fence_still_split_at_the_right_edge() {
     );
 }
 
+thread_local! {
+    /// Leaf splits this thread made through an owned image (not `split_off_append`).
+    pub(super) static IMAGE_SPLITS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+#[test]
+fn runs_in_the_middle_of_a_leaf_go_on_by_appends() {
+    // TPC-C's order lines: each district's rows grow at the district's end, in the middle
+    // of a leaf that also holds the next district's rows. After one general split per run
+    // the run should end its page, so that its further splits are appends that copy
+    // nothing; a run that keeps the next district's rows in front of it copies them at
+    // every split.
+    let t = BTree::new();
+    let key = |d: u8, o: u32| {
+        let mut k = vec![d];
+        k.extend_from_slice(&o.to_be_bytes());
+        k
+    };
+    let record = || Record {
+        value: vec![7; 100],
+        ..Record::default()
+    };
+    for d in 0..4u8 {
+        t.update(&key(d, 0), |s| *s = Some(record()));
+    }
+    let before = IMAGE_SPLITS.get();
+    // Ten rows at a time, as a NewOrder inserts its order's lines.
+    for batch in 0..1_000u32 {
+        for d in 0..4u8 {
+            for o in 1 + 10 * batch..11 + 10 * batch {
+                t.update(&key(d, o), |s| *s = Some(record()));
+            }
+        }
+    }
+    let general = IMAGE_SPLITS.get() - before;
+    assert_eq!(t.check_invariants(), Ok(()));
+    let s = t.stats();
+    // 40,000 records of about 150 bytes: about 180 full leaves (216 with 170 general
+    // splits when the run started the right page instead).
+    assert!(s.leaves <= 260, "{s:?}");
+    assert!(
+        general < s.leaves as u64 / 4,
+        "{general} general splits for {} leaves",
+        s.leaves
+    );
+}
+
 /// Point reads that took the leaf's latch after failed validations (see `PESSIMISTIC_AFTER`).
 pub(super) static PESSIMISTIC_READS: AtomicU64 = AtomicU64::new(0);
 

@@ -101,6 +101,11 @@ impl KvTx for ShoalTx<'_> {
         self.tx.get(t, key).map_err(classify)
     }
 
+    fn get_for_update(&mut self, table: TableId, key: &[u8]) -> TxResult<Option<Vec<u8>>> {
+        let t = table_of(self.tables, table)?;
+        self.tx.get_for_update(t, key).map_err(classify)
+    }
+
     fn put(&mut self, table: TableId, key: &[u8], value: &[u8]) -> TxResult<()> {
         let t = table_of(self.tables, table)?;
         self.tx.put(t, key, value).map_err(classify)

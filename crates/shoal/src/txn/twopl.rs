@@ -616,12 +616,24 @@ impl TwoPl {
         self.lock_key(cx, slot, key, LockMode::XN)?;
         self.modify(cx, slot, key, f)
     }
-}
 
-impl Protocol for TwoPl {
-    fn get(&mut self, cx: &mut Ctx<'_>, slot: u16, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        self.intent(cx, slot, false)?;
-        self.lock_key(cx, slot, key, LockMode::SN)?;
+    /// A point read: SN on the key (XN when the transaction goes on to write it, so the
+    /// write needs no upgrade: one lock request instead of two, and no deadlock of two
+    /// readers that both upgrade), under the table's read or write intent.
+    fn read(
+        &mut self,
+        cx: &mut Ctx<'_>,
+        slot: u16,
+        key: &[u8],
+        for_update: bool,
+    ) -> Result<Option<Vec<u8>>> {
+        self.intent(cx, slot, for_update)?;
+        let mode = if for_update {
+            LockMode::XN
+        } else {
+            LockMode::SN
+        };
+        self.lock_key(cx, slot, key, mode)?;
         let hint = self.hint(slot);
         let (v, h) = cx
             .table(slot)
@@ -633,6 +645,21 @@ impl Protocol for TwoPl {
             });
         self.set_hint(slot, h);
         Ok(v)
+    }
+}
+
+impl Protocol for TwoPl {
+    fn get(&mut self, cx: &mut Ctx<'_>, slot: u16, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.read(cx, slot, key, false)
+    }
+
+    fn get_for_update(
+        &mut self,
+        cx: &mut Ctx<'_>,
+        slot: u16,
+        key: &[u8],
+    ) -> Result<Option<Vec<u8>>> {
+        self.read(cx, slot, key, true)
     }
 
     fn delete(&mut self, cx: &mut Ctx<'_>, slot: u16, key: &[u8]) -> Result<bool> {

@@ -113,6 +113,7 @@ impl Tpcc {
         w: u32,
         d: u8,
         by: &CustomerBy,
+        for_update: bool,
     ) -> shoal::Result<(u32, Customer)> {
         let c = match by {
             CustomerBy::Id(c) => *c,
@@ -125,9 +126,13 @@ impl Tpcc {
                 id_at(k, k.len() - 4)
             }
         };
-        let v = tx
-            .get(&self.customer, wdid(w, d, c))?
-            .ok_or_else(|| malformed("customer"))?;
+        let key = wdid(w, d, c);
+        let v = if for_update {
+            tx.get_for_update(&self.customer, key)?
+        } else {
+            tx.get(&self.customer, key)?
+        }
+        .ok_or_else(|| malformed("customer"))?;
         Ok((
             c,
             Customer::decode(&v).ok_or_else(|| malformed("customer"))?,
@@ -154,7 +159,7 @@ impl Tpcc {
         let d_tax = Place::decode(&dv).ok_or_else(|| malformed("district"))?.tax;
         let o = u32::try_from(tx.add_and_get(&self.district, dkey(w, d, 2), 1)? - 1)
             .map_err(|_| malformed("district"))?;
-        let (_, cust) = self.find_customer(tx, w, d, &CustomerBy::Id(c))?;
+        let (_, cust) = self.find_customer(tx, w, d, &CustomerBy::Id(c), false)?;
         let all_local = u8::from(lines.iter().all(|l| l.supply_w == w));
         let ord = Order {
             c_id: c,
@@ -177,7 +182,11 @@ impl Tpcc {
             };
             let it = Item::decode(&iv).ok_or_else(|| malformed("item"))?;
             let sk = stock_key(l.supply_w, l.i_id);
-            let sv = tx.get(&self.stock, sk)?.ok_or_else(|| malformed("stock"))?;
+            // Read for update: the row is written below (one exclusive lock under 2PL, not
+            // a shared one and an upgrade).
+            let sv = tx
+                .get_for_update(&self.stock, sk)?
+                .ok_or_else(|| malformed("stock"))?;
             let mut st = Stock::decode(&sv).ok_or_else(|| malformed("stock"))?;
             let q = u32::from(l.qty);
             st.quantity = if st.quantity >= q + 10 {
@@ -236,7 +245,7 @@ impl Tpcc {
             .get(&self.district, dkey(w, d, 0))?
             .ok_or_else(|| malformed("district"))?;
         let dp = Place::decode(&dv).ok_or_else(|| malformed("district"))?;
-        let (c, mut cust) = self.find_customer(tx, c_w, c_d, by)?;
+        let (c, mut cust) = self.find_customer(tx, c_w, c_d, by, true)?;
         cust.balance -= amount;
         cust.ytd_payment += amount;
         cust.payment_cnt += 1;
@@ -275,7 +284,7 @@ impl Tpcc {
         d: u8,
         by: &CustomerBy,
     ) -> shoal::Result<()> {
-        let (c, _cust) = self.find_customer(tx, w, d, by)?;
+        let (c, _cust) = self.find_customer(tx, w, d, by, false)?;
         // The customer's latest order: the last row of its range, read alone.
         let orders = tx.scan_rev_limit(&self.order_cust, prefix_range(&wdid(w, d, c)), 1)?;
         let Some((k, _)) = orders.first() else {
@@ -310,7 +319,7 @@ impl Tpcc {
             let o = id_at(k, 5);
             tx.delete(&self.new_order, wdid(w, d, o))?;
             let ov = tx
-                .get(&self.orders, wdid(w, d, o))?
+                .get_for_update(&self.orders, wdid(w, d, o))?
                 .ok_or_else(|| malformed("orders"))?;
             let mut ord = Order::decode(&ov).ok_or_else(|| malformed("orders"))?;
             ord.carrier_id = carrier;
@@ -324,7 +333,7 @@ impl Tpcc {
             }
             let ck = wdid(w, d, ord.c_id);
             let cv = tx
-                .get(&self.customer, ck)?
+                .get_for_update(&self.customer, ck)?
                 .ok_or_else(|| malformed("customer"))?;
             let mut cust = Customer::decode(&cv).ok_or_else(|| malformed("customer"))?;
             cust.balance += sum;

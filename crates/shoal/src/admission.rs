@@ -45,7 +45,8 @@
 //!   one store to its own slot's line) and takes it back at its next `begin` with one
 //!   compare-and-swap on the same line. With no thread waiting that is all the gate costs
 //!   per transaction, and nothing shared is written. While threads wait, a thread keeps its
-//!   slot across consecutive transactions for at most [`QUANTUM`] after it got it, then hands
+//!   slot across consecutive transactions for at most its quantum ([`QUANTUM`] unless
+//!   [`Options::admission_quantum`](crate::Options::admission_quantum) says otherwise) after it got it, then hands
 //!   it to the head of the queue at the end of a transaction; so the hand-over (an unpark and
 //!   a park) is paid once per quantum, not per transaction. An abort keeps the slot the same
 //!   way: its retry conflicts only with the few transactions running in the other slots,
@@ -132,13 +133,7 @@ mod sync {
     }
 }
 
-/// How long a thread keeps its slot across consecutive transactions while other threads
-/// wait for one (at most; it gives the slot up at the first commit after that). Each
-/// hand-over costs a wake-up and a park; at 1 ms TPC-B at 512 threads on 2 cores kept 0.83
-/// (2PL) of its 2-thread rate against 0.73 at 200 µs, and p99 fell from 58 ms to 57 µs,
-/// while p99.9 rose to the queue's turn (threads ÷ slots × quantum, 270 ms): the mean wait
-/// is the same (Little's law), it only comes in fewer, longer turns.
-pub const QUANTUM: Duration = Duration::from_millis(1);
+pub use gate::QUANTUM;
 
 /// The longest a thread waits for a slot while no slot changes hands: then it runs without
 /// one. Threads that hold every slot may be waiting, outside the engine, for this very
@@ -292,9 +287,10 @@ pub(crate) fn stats(g: &Gate) -> AdmissionStats {
     }
 }
 
-/// A new gate for `a`, or `None` when off.
-pub(crate) fn gate(a: Admission) -> Option<Arc<Gate>> {
-    a.slots().map(|n| Arc::new(Gate::new(n, Some(ESCAPE))))
+/// A new gate for `a` with quantum `quantum`, or `None` when off.
+pub(crate) fn gate(a: Admission, quantum: Duration) -> Option<Arc<Gate>> {
+    a.slots()
+        .map(|n| Arc::new(Gate::new(n, Some(ESCAPE)).with_quantum(quantum)))
 }
 
 const NO_SLOT: usize = usize::MAX;
@@ -392,7 +388,7 @@ pub(crate) fn begin(gate: &Arc<Gate>) -> bool {
             if l.slot != NO_SLOT {
                 let (waiting, _) = gate.waiting();
                 let (slot, kept, token) = (l.slot, l.kept, l.token);
-                if waiting > 0 && l.since.elapsed() >= QUANTUM {
+                if waiting > 0 && l.since.elapsed() >= gate.quantum() {
                     // Its quantum is over and others wait: to the back of the queue.
                     gate.release_kept(slot, kept, token);
                 } else if gate.reclaim(slot, kept, token) {
@@ -433,7 +429,7 @@ pub(crate) fn end() {
         // would be the shared hot line this gate exists to avoid.
         let Some(g) = l.gate.as_ref() else { return };
         let (waiting, resuming) = g.waiting();
-        let hand_over = resuming > 0 || (waiting > 0 && l.since.elapsed() >= QUANTUM);
+        let hand_over = resuming > 0 || (waiting > 0 && l.since.elapsed() >= g.quantum());
         if hand_over {
             g.release(l.slot);
             l.slot = NO_SLOT;

@@ -150,6 +150,8 @@ pub enum Setting {
     LockTimeout(Given<Duration>),
     /// `--admission`: load control.
     Admission(Admission),
+    /// `--admission-quantum`: how long a thread keeps its slot while others wait.
+    AdmissionQuantum(Given<Duration>),
     /// `--log-dir`: where the log lives (a fresh subdirectory per database).
     LogDir(PathBuf),
 }
@@ -168,6 +170,7 @@ impl Setting {
             Setting::CheckpointInterval(_) => "checkpoint-interval",
             Setting::LockTimeout(_) => "lock-timeout",
             Setting::Admission(_) => "admission",
+            Setting::AdmissionQuantum(_) => "admission-quantum",
             Setting::LogDir(_) => "log-dir",
         }
     }
@@ -185,6 +188,7 @@ impl Setting {
             Setting::CheckpointInterval(d) => o.checkpoint_interval = d.as_ref().map(|d| d.value),
             Setting::LockTimeout(d) => o.lock_timeout = d.value,
             Setting::Admission(a) => o.admission = *a,
+            Setting::AdmissionQuantum(d) => o.admission_quantum = d.value,
             Setting::LogDir(p) => o.log_dir = Some(p.clone()),
         }
     }
@@ -203,6 +207,7 @@ impl Setting {
             Setting::CheckpointInterval(o.checkpoint_interval.map(Given::of)),
             Setting::LockTimeout(Given::of(o.lock_timeout)),
             Setting::Admission(o.admission),
+            Setting::AdmissionQuantum(Given::of(o.admission_quantum)),
         ]
     }
 
@@ -238,7 +243,9 @@ impl fmt::Display for Setting {
             Setting::Deadlock(v) => f.write_str(name_in(DEADLOCK, v)),
             Setting::Victim(v) => f.write_str(name_in(VICTIMS, v)),
             Setting::Elr(v) => f.write_str(name_in(ELR, v)),
-            Setting::LogLatency(d) | Setting::LockTimeout(d) => f.write_str(&d.text),
+            Setting::LogLatency(d) | Setting::LockTimeout(d) | Setting::AdmissionQuantum(d) => {
+                f.write_str(&d.text)
+            }
             Setting::CheckpointInterval(d) => f.write_str(d.as_ref().map_or("off", |d| &d.text)),
             Setting::Admission(Admission::Off) => f.write_str("off"),
             Setting::Admission(Admission::Auto) => f.write_str("auto"),
@@ -303,6 +310,15 @@ fn parse_admission(s: &str) -> Result<Setting, String> {
     Ok(Setting::Admission(a))
 }
 
+/// Parses `--admission-quantum`: a duration above 0.
+fn parse_quantum(s: &str) -> Result<Setting, String> {
+    let d = Given::parse(s)?;
+    if d.value.is_zero() {
+        return Err("a quantum must be more than 0".into());
+    }
+    Ok(Setting::AdmissionQuantum(d))
+}
+
 /// The engine options of `shoal bench`: name (the long option, and the sweep axis), help,
 /// and the parser that types a value. Each takes a comma-separated list of values to sweep.
 type EngineOption = (&'static str, &'static str, fn() -> ValueParser);
@@ -362,6 +378,13 @@ const OPTIONS: &[EngineOption] = &[
          begin (counted in their latency); a transaction waiting for a lock or the log does \
          not count",
         || ValueParser::new(parse_admission),
+    ),
+    (
+        "admission-quantum",
+        "Load control's quantum (default 1ms): while threads wait for a slot, a thread keeps \
+         its slot across transactions this long; longer pays fewer hand-overs past the \
+         cores, at longer turns in the queue (its tail)",
+        || ValueParser::new(parse_quantum),
     ),
     (
         "lock-timeout",
@@ -521,10 +544,23 @@ mod tests {
             ("log-latency", "10ms"),
             ("checkpoint-interval", "off"),
             ("admission", "auto"),
+            ("admission-quantum", "1ms"),
             ("lock-timeout", "2000ms"),
         ] {
             assert!(d.contains(&(want.0, want.1.to_string())), "{d:?}");
         }
+    }
+
+    #[test]
+    fn admission_quantum_parses_durations_and_reaches_the_options() {
+        let mut o = Options::default();
+        let set = parse_quantum("4ms").unwrap();
+        set.apply(&mut o);
+        assert_eq!(o.admission_quantum, Duration::from_millis(4));
+        assert_eq!(set.to_string(), "4ms");
+        assert_eq!(set.axis(), "admission-quantum");
+        assert!(parse_quantum("0").is_err());
+        assert!(parse_quantum("soon").is_err());
     }
 
     #[test]

@@ -215,6 +215,20 @@ pub struct Options {
     ///
     /// [`Admission::Auto`]: crate::Admission::Auto
     pub admission: crate::Admission,
+    /// Load control's quantum: while threads wait for a slot, a thread keeps its slot
+    /// across consecutive transactions for this long, then hands it to the head of the
+    /// queue. Each hand-over costs a wake-up, a park and a thread that starts on cold
+    /// caches; a longer quantum pays that less often but makes each waiting thread's turn
+    /// longer (the wait's tail is about threads ÷ slots × quantum; its mean does not
+    /// change). Default: [`QUANTUM`](crate::admission::QUANTUM), 1 ms.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let o = shoal::Options::default().with_admission_quantum(Duration::from_millis(4));
+    /// let db = shoal::Database::in_memory_with(o);
+    /// assert_eq!(db.options().admission_quantum, Duration::from_millis(4));
+    /// ```
+    pub admission_quantum: Duration,
 }
 
 impl Default for Options {
@@ -240,6 +254,7 @@ impl Default for Options {
             async_flush_delay: Duration::from_millis(10),
             checkpoint_interval: None,
             admission: crate::Admission::default(),
+            admission_quantum: crate::admission::QUANTUM,
         }
     }
 }
@@ -266,4 +281,5 @@ crate::setters::setters! {
     with_max_retries => max_retries: u32,
     with_doppel => doppel: crate::doppel::DoppelOptions,
     with_admission => admission: crate::Admission,
+    with_admission_quantum => admission_quantum: Duration,
 }

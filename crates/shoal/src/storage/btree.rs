@@ -313,8 +313,12 @@ impl BTree {
     fn find_leaf(&self, p: &Probe<'_>, hint: Option<LeafHint>) -> Option<(PageId, &Frame, u64)> {
         if let Some(h) = hint.filter(|h| h.tree == self.id) {
             if let Some(f) = self.store.frame(h.page) {
+                // The header and the search hints, then both fences, each group's misses
+                // overlapping (the hinted leaf has usually left the cache since).
+                f.prefetch_header();
                 if let Some(v) = f.latch.try_optimistic() {
                     let n = Node(f);
+                    n.prefetch_fences();
                     if n.is_leaf() && n.covers(p) && f.latch.validate(v) {
                         return Some((h.page, f, v));
                     }

@@ -141,11 +141,21 @@ static NEXT_TREE_ID: AtomicU64 = AtomicU64::new(1);
 /// let (found, _) = t.get_hinted(b"other", Some(hint), |r| r.is_some());
 /// assert!(!found);
 /// ```
+///
+/// A hint from [`BTree::get_hinted`] also carries the leaf's version at which the read was
+/// consistent: [`BTree::unchanged_since`] then says whether any writer has latched the leaf
+/// since, which is how OCC validates a read without searching the leaf again.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct LeafHint {
     tree: u64,
     page: PageId,
+    /// The leaf's version when a read of it was validated ([`NO_VERSION`]: unknown).
+    version: u64,
 }
+
+/// A [`LeafHint`] that carries no version (never equal to a latch's version: that has the
+/// writer bit clear whenever it validates).
+const NO_VERSION: u64 = u64::MAX;
 
 /// A concurrent ordered index from byte keys to [`Record`]s.
 ///
@@ -269,10 +279,40 @@ impl BTree {
     }
 
     fn hint(&self, page: PageId) -> LeafHint {
+        self.hint_at(page, NO_VERSION)
+    }
+
+    /// A hint to `page` whose reads were consistent at version `version`.
+    fn hint_at(&self, page: PageId, version: u64) -> LeafHint {
         LeafHint {
             tree: self.id,
             page,
+            version,
         }
+    }
+
+    /// True when the leaf of `hint`, a hint that [`get_hinted`](Self::get_hinted) returned,
+    /// has not been latched by any writer since that read: every record in it, TID and lock
+    /// bit included, is as the read saw it (every change of a leaf, a lock bit's too, takes
+    /// its exclusive latch, and a page that is freed or reused is latched first). False
+    /// when it has, or when the hint carries no version or is another tree's.
+    ///
+    /// ```
+    /// use shoal::storage::btree::{BTree, Record};
+    /// let t = BTree::new();
+    /// t.update(b"a", |s| *s = Some(Record::default()));
+    /// let (_, h) = t.get_hinted(b"a", None, |r| r.is_some());
+    /// assert!(t.unchanged_since(h));
+    /// t.update(b"b", |s| *s = Some(Record::default())); // same leaf
+    /// assert!(!t.unchanged_since(h));
+    /// ```
+    pub fn unchanged_since(&self, hint: LeafHint) -> bool {
+        hint.tree == self.id
+            && hint.version != NO_VERSION
+            && self
+                .store
+                .frame(hint.page)
+                .is_some_and(|f| f.latch.validate(hint.version))
     }
 
     /// Optimistic descent to the leaf for `t`: the leaf's page id, frame and version, and
@@ -416,7 +456,7 @@ impl BTree {
         };
         let mut hint = hint;
         let mut failed = 0u32;
-        let (c, pid) = loop {
+        let (c, pid, at) = loop {
             let Some((pid, fr, v)) = self.find_leaf(&p, hint) else {
                 failed += 1;
                 continue;
@@ -432,7 +472,7 @@ impl BTree {
                 if n.is_leaf() && n.covers(&p) {
                     let c = self.copy_record(n, n.search(&p), &mut rec.value);
                     fr.latch.unlock_unchanged(v0);
-                    break (c, pid);
+                    break (c, pid, v0);
                 }
                 fr.latch.unlock_unchanged(v0);
                 hint = None;
@@ -440,7 +480,7 @@ impl BTree {
             }
             let c = self.copy_record(n, n.search(&p), &mut rec.value);
             if fr.latch.validate(v) {
-                break (c, pid);
+                break (c, pid, v);
             }
             failed += 1;
             hint = None;
@@ -451,7 +491,7 @@ impl BTree {
         if rec.value.capacity() <= PAGE_SIZE {
             SCRATCH.with(|s| s.set(rec.value));
         }
-        (r, self.hint(pid))
+        (r, self.hint_at(pid, at))
     }
 
     /// Calls `f` with the slot of `key` under the leaf's exclusive latch: `None` if absent.

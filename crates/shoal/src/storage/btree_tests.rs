@@ -1032,3 +1032,39 @@ fn grown_values_stay_inline() {
         assert!(s.pages <= 2 + 3 * bytes / PAGE_SIZE, "{keys} keys: {s:?}");
     }
 }
+
+/// `unchanged_since` holds only for a read's hint of this tree whose leaf no writer latched
+/// since: a write to any key of the leaf, a split moving the key away, a hint from a write
+/// (no version) or from another tree all say no.
+#[test]
+fn unchanged_since_holds_only_until_a_writer_latches_the_leaf() {
+    let t = BTree::new();
+    let other = BTree::new();
+    let key = |i: u32| i.to_be_bytes();
+    for i in 0..10 {
+        t.update(&key(i), |s| *s = Some(Record::default()));
+        other.update(&key(i), |s| *s = Some(Record::default()));
+    }
+    let (_, h) = t.get_hinted(&key(3), None, |r| r.is_some());
+    assert!(t.unchanged_since(h));
+    // Reads do not change the leaf.
+    let _ = t.get_hinted(&key(4), Some(h), |r| r.is_some());
+    assert!(t.unchanged_since(h));
+    let (_, oh) = other.get_hinted(&key(3), None, |r| r.is_some());
+    assert!(!t.unchanged_since(oh), "another tree's hint");
+    let ((), wh) = t.update_hinted(&key(5), Some(h), |s| {
+        if let Some(r) = s {
+            r.tid = 7;
+        }
+    });
+    assert!(!t.unchanged_since(h), "a write to the same leaf");
+    assert!(!t.unchanged_since(wh), "a write's hint carries no version");
+    let (_, h) = t.get_hinted(&key(3), None, |r| r.is_some());
+    assert!(t.unchanged_since(h));
+    // Enough inserts to split the leaf.
+    for i in 10..5_000 {
+        t.update(&key(i), |s| *s = Some(Record::default()));
+    }
+    assert!(t.stats().leaves > 1);
+    assert!(!t.unchanged_since(h), "the leaf split");
+}

@@ -182,6 +182,10 @@ pub(super) fn validate(tables: &[&Table], st: &OccState) -> std::result::Result<
                 );
                 ok
             }
+            // The leaf has not been latched since the read: the record (or its absence) is
+            // as the read saw it, unlocked (`read_once` records no locked record), so the
+            // tree test below would say `true`. One version check instead of a search.
+            _ if t.inner.tree.unchanged_since(r.hint) => true,
             _ => {
                 let tree = &t.inner.tree;
                 tree.get_hinted(&r.key, Some(r.hint), |rec| unchanged(r.seen, rec, ours))

@@ -488,3 +488,48 @@ fn scan_rev_limit_matches_a_model() {
         }
     }
 }
+
+/// OCC's scan validation by node set, on a range over many leaves: a key inserted into any
+/// leaf of the range, the last included, fails the scanning transaction's commit; a key
+/// inserted outside the range, or nothing, lets it commit. (A node set that checked only
+/// some of its leaves would let the late insert through.)
+#[test]
+fn an_insert_into_any_leaf_of_a_scanned_range_fails_the_occ_scan() {
+    let key = |i: u32| format!("r{i:06}").into_bytes();
+    let o = shoal::Options::default().with_cc(shoal::ConcurrencyControl::Optimistic);
+    // Rows of 200 bytes: 3,000 keys span about twenty 32 KiB leaves.
+    let n = 3_000u32;
+    for (what, insert, fails) in [
+        ("nothing", None, false),
+        ("first leaf", Some([key(1), b"a".to_vec()].concat()), true),
+        ("middle", Some([key(n / 2), b"a".to_vec()].concat()), true),
+        (
+            "last leaf",
+            Some([key(n - 2), b"a".to_vec()].concat()),
+            true,
+        ),
+        ("past the range", Some(key(n + 5)), false),
+    ] {
+        let db = Database::in_memory_with(o.clone());
+        let t = db.create_table("t").expect("create");
+        for c in 0..n / 500 {
+            db.run(|tx| {
+                for i in c * 500..(c + 1) * 500 {
+                    tx.put(&t, key(i), [7u8; 200])?;
+                }
+                Ok(())
+            })
+            .expect("load");
+        }
+        let mut a = db.begin();
+        let rows = a.scan(&t, key(0)..key(n)).expect("scan");
+        assert_eq!(rows.len(), n as usize);
+        a.put(&t, b"zz", b"1")
+            .expect("a write past the range (in the last leaf)");
+        if let Some(k) = &insert {
+            db.run(|tx| tx.insert(&t, k, b"phantom")).expect("insert");
+        }
+        let r = a.commit();
+        assert_eq!(r.is_err(), fails, "{what}: {r:?}");
+    }
+}

@@ -1180,6 +1180,37 @@ impl BTree {
         hi: Bound<&[u8]>,
         limit: usize,
     ) -> Vec<(Vec<u8>, Record)> {
+        self.range_noting(lo, hi, limit, None)
+    }
+
+    /// [`range`](Self::range), also noting in `leaves` every leaf it read, with the version
+    /// at which its part of the result was consistent (Silo's node set): while
+    /// [`unchanged_since`](Self::unchanged_since) holds for all of them, the same call would
+    /// return the same entries with the same TIDs, and no key has entered the part of the
+    /// range it covered (an insert there latches one of those leaves, or a leaf split off
+    /// one of them, which latches it too).
+    ///
+    /// ```
+    /// use shoal::storage::btree::{BTree, Record};
+    /// use std::ops::Bound::{Included, Unbounded};
+    /// let t = BTree::new();
+    /// for i in [1u8, 3, 5] {
+    ///     t.update(&[i], |s| *s = Some(Record::default()));
+    /// }
+    /// let mut leaves = Vec::new();
+    /// let got = t.range_noting(Included(&[2u8][..]), Unbounded, usize::MAX, Some(&mut leaves));
+    /// assert_eq!(got.len(), 2);
+    /// assert!(leaves.iter().all(|h| t.unchanged_since(*h)));
+    /// t.update(&[4], |s| *s = Some(Record::default())); // a phantom
+    /// assert!(!leaves.iter().all(|h| t.unchanged_since(*h)));
+    /// ```
+    pub fn range_noting(
+        &self,
+        lo: Bound<&[u8]>,
+        hi: Bound<&[u8]>,
+        limit: usize,
+        mut leaves: Option<&mut Vec<LeafHint>>,
+    ) -> Vec<(Vec<u8>, Record)> {
         let mut out = Vec::new();
         let mut from: Bound<Vec<u8>> = lo.map(<[u8]>::to_vec);
         let below_hi = |k: &[u8]| match hi {
@@ -1197,7 +1228,7 @@ impl BTree {
                 None => Target::First,
                 Some(p) => Target::Key(p),
             };
-            let Some((_, f, v, _)) = self.descend(t) else {
+            let Some((pid, f, v, _)) = self.descend(t) else {
                 continue;
             };
             let n = Node(f);
@@ -1232,6 +1263,9 @@ impl BTree {
             let high = n.fence(false);
             if !f.latch.validate(v) {
                 continue;
+            }
+            if let Some(l) = leaves.as_deref_mut() {
+                l.push(self.hint_at(pid, v));
             }
             out.append(&mut batch);
             if done {

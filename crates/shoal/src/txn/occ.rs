@@ -126,6 +126,9 @@ struct ScanSet {
     hi: Bound<Vec<u8>>,
     /// Every entry the scan returned from the tree (ghosts included) with its TID.
     seen: Vec<(Box<[u8]>, u64)>,
+    /// The leaves that entries came from, with their versions then (the node set): while
+    /// none has been latched since, the scan needs no second look.
+    leaves: Vec<LeafHint>,
 }
 
 struct WriteEntry {
@@ -562,6 +565,8 @@ impl Protocol for Occ {
         let tree = &table.inner.tree;
         let own = self.st.writes.get(&table.inner.id);
         let mut seen = Vec::new();
+        let mut leaves = Vec::new();
+        let mut chunk_leaves = Vec::new();
         let mut out = Vec::new();
         let mut start: Bound<Vec<u8>> = lo.map(<[u8]>::to_vec);
         // The part of the range the scan covered: all of it, or up to the last key read
@@ -570,8 +575,10 @@ impl Protocol for Occ {
             let want = SCAN_CHUNK.min(limit.saturating_sub(out.len())).max(1);
             let mut spin = Spin::new();
             let chunk = loop {
-                let c = tree.range(as_ref_bound(&start), hi, want);
+                chunk_leaves.clear();
+                let c = tree.range_noting(as_ref_bound(&start), hi, want, Some(&mut chunk_leaves));
                 if c.iter().all(|(_, r)| !locked(r.tid)) {
+                    leaves.append(&mut chunk_leaves);
                     break c;
                 }
                 if !spin.wait() {
@@ -613,6 +620,7 @@ impl Protocol for Occ {
             lo: lo.map(<[u8]>::to_vec),
             hi: covered,
             seen,
+            leaves,
         });
         Ok(rows)
     }

@@ -145,13 +145,23 @@ static NEXT_TREE_ID: AtomicU64 = AtomicU64::new(1);
 /// A hint from [`BTree::get_hinted`] also carries the leaf's version at which the read was
 /// consistent: [`BTree::unchanged_since`] then says whether any writer has latched the leaf
 /// since, which is how OCC validates a read without searching the leaf again.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[derive(Clone, Copy, Debug)]
 pub struct LeafHint {
     tree: u64,
     page: PageId,
     /// The leaf's version when a read of it was validated ([`NO_VERSION`]: unknown).
     version: u64,
 }
+
+/// Two hints are equal when they name the same leaf of the same tree, whatever versions
+/// they carry.
+impl PartialEq for LeafHint {
+    fn eq(&self, other: &Self) -> bool {
+        (self.tree, self.page) == (other.tree, other.page)
+    }
+}
+
+impl Eq for LeafHint {}
 
 /// A [`LeafHint`] that carries no version (never equal to a latch's version: that has the
 /// writer bit clear whenever it validates).

@@ -61,13 +61,14 @@
 
 use std::cell::Cell;
 use std::ops::Bound;
-use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering as AtomicOrdering};
 
 use super::node::{
-    is_overflow_len, Image, Item, Node, Probe, KIND_FREE, KIND_INNER, KIND_LEAF, OVF_REF,
+    is_overflow_len, leaf_prefetch_lines, Image, Item, Node, Probe, KIND_FREE, KIND_INNER,
+    KIND_LEAF, OVF_REF,
 };
 use super::overflow;
-use super::page::{Frame, PageId, PageStore, INLINE_VALUE, MAX_KEY, PAGE_SIZE};
+use super::page::{Frame, PageId, PageStore, HEADER_LINES, INLINE_VALUE, MAX_KEY, PAGE_SIZE};
 
 /// One record: the value bytes, the ghost bit and the TID word. A ghost is a logically deleted
 /// record whose key still takes part in key-range locking (2PL) or carries the TID of the
@@ -190,6 +191,11 @@ pub struct BTree {
     /// Unique among all trees this process ever makes ([`NEXT_TREE_ID`]): a [`LeafHint`] is
     /// honoured only by the tree with its id.
     id: u64,
+    /// Cache lines a descent prefetches from the leaf it reaches
+    /// ([`leaf_prefetch_lines`](super::node::leaf_prefetch_lines) of the slot count of the
+    /// last leaf that split full). Written at splits only, and only when it changes, so
+    /// readers on other cores keep their copy of the line.
+    leaf_lines: AtomicU8,
 }
 
 impl Default for BTree {
@@ -272,6 +278,7 @@ impl BTree {
             leaf_cap: leaf_cap.max(3),
             inner_cap: inner_cap.max(3),
             id: NEXT_TREE_ID.fetch_add(1, AtomicOrdering::Relaxed),
+            leaf_lines: AtomicU8::new(HEADER_LINES as u8),
         };
         let f = t.frame_of(ROOT);
         f.latch.lock();
@@ -349,7 +356,12 @@ impl BTree {
             };
             let c = n.child(i);
             let cf = self.store.frame(c)?;
-            cf.prefetch_header();
+            if n.leaf_children() {
+                // A small leaf's whole slot array comes with its header (`leaf_lines`).
+                cf.prefetch_lines(usize::from(self.leaf_lines.load(AtomicOrdering::Relaxed)));
+            } else {
+                cf.prefetch_header();
+            }
             let cv = cf.latch.optimistic();
             if !f.latch.validate(v) {
                 return None;
@@ -935,6 +947,7 @@ impl BTree {
         p: &Probe<'_>,
     ) -> PageId {
         let lf = self.frame_of(leaf);
+        self.note_full_leaf(Node(lf).count());
         let pending = match pending {
             Some((j, it)) if j == Node(lf).count() && j > 0 => {
                 match self.split_off_append(parent, i, lf, it) {
@@ -998,6 +1011,14 @@ impl BTree {
             rp
         } else {
             leaf
+        }
+    }
+
+    /// Sets what descents prefetch from a leaf after one of `count` slots filled up.
+    fn note_full_leaf(&self, count: usize) {
+        let lines = leaf_prefetch_lines(count) as u8;
+        if self.leaf_lines.load(AtomicOrdering::Relaxed) != lines {
+            self.leaf_lines.store(lines, AtomicOrdering::Relaxed);
         }
     }
 

@@ -1068,3 +1068,28 @@ fn unchanged_since_holds_only_until_a_writer_latches_the_leaf() {
     assert!(t.stats().leaves > 1);
     assert!(!t.unchanged_since(h), "the leaf split");
 }
+
+#[test]
+fn descents_prefetch_the_slot_arrays_of_small_leaves_only() {
+    // Leaves of 1 KB records (YCSB's) hold some 30 slots: a descent asks for their whole
+    // slot array with the header. Leaves of 100-byte records hold hundreds, searched from
+    // their hints: a descent asks for the header lines only.
+    let lines = |value: usize| {
+        let t = BTree::new();
+        for i in 0..2_000u64 {
+            t.update(&i.to_be_bytes(), |s| {
+                *s = Some(Record {
+                    value: vec![1; value],
+                    ..Record::default()
+                })
+            });
+        }
+        assert!(t.stats().leaves > 1);
+        usize::from(t.leaf_lines.load(AtomicOrdering::Relaxed))
+    };
+    let big = lines(1_000);
+    assert!(big > HEADER_LINES && big <= 24, "{big}");
+    // A full leaf holds about 31 such records (1,040 bytes with their slots).
+    assert!((28..=32).any(|n| leaf_prefetch_lines(n) == big), "{big}");
+    assert_eq!(lines(100), HEADER_LINES);
+}

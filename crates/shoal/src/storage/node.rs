@@ -90,6 +90,22 @@ const SLOT: usize = SLOT_WORDS * 8;
 /// A binary search over at most this many slots (32 cache lines) first prefetches them all.
 const PREFETCH_SLOTS: usize = 64;
 
+/// The cache lines a descent asks for at once when it reaches a leaf, in a tree whose full
+/// leaves hold `count` slots: the frame's latch and the page's header (with the search
+/// hints), and when leaves are small (at most [`SMALL_LEAF`] slots, mostly searched
+/// without hints, over the whole slot array) the slot array too. The search then waits
+/// for one round of misses instead of two: the header's, then the slots' it names.
+pub fn leaf_prefetch_lines(count: usize) -> usize {
+    if count > SMALL_LEAF {
+        crate::storage::page::HEADER_LINES
+    } else {
+        1 + (HDR + SLOT * count).div_ceil(64)
+    }
+}
+
+/// Most slots of a full leaf whose slot array a descent prefetches (24 lines in all).
+pub const SMALL_LEAF: usize = 40;
+
 const GHOST: u64 = 1 << 62;
 const OVF: u64 = 1 << 63;
 const PRESENT: u64 = 1 << 63;

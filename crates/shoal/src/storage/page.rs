@@ -49,6 +49,13 @@ pub type PageId = u64;
 /// No page (end of an overflow chain).
 pub const NO_PAGE: PageId = u64::MAX;
 
+/// Cache lines of a [`Frame`].
+const FRAME_LINES: usize = std::mem::size_of::<Frame>() / 64;
+
+/// Lines [`Frame::prefetch_header`] asks for: the latch's, then the page's header and
+/// search hints.
+pub const HEADER_LINES: usize = 4;
+
 /// One page and its latch.
 #[repr(C, align(64))]
 pub struct Frame {
@@ -113,12 +120,19 @@ impl Frame {
     /// header and search hints) at once: a descent reads all of them, one after the other.
     #[inline]
     pub fn prefetch_header(&self) {
+        self.prefetch_lines(HEADER_LINES);
+    }
+
+    /// Hints the processor to load the first `lines` cache lines of the frame (its latch
+    /// and the page's first `lines - 1` lines) at once.
+    #[inline]
+    pub fn prefetch_lines(&self, lines: usize) {
         #[cfg(target_arch = "x86_64")]
         {
             let base = (self as *const Frame).cast::<i8>();
-            for line in 0..4 {
-                // SAFETY: `_mm_prefetch` only hints the cache; the lines lie inside this
-                // frame (it is 64-byte aligned and larger than 256 bytes).
+            for line in 0..lines.min(FRAME_LINES) {
+                // SAFETY: `_mm_prefetch` only hints the cache; the line lies inside this
+                // frame (64-byte aligned, `FRAME_LINES` lines long).
                 unsafe {
                     std::arch::x86_64::_mm_prefetch(
                         base.add(64 * line),
@@ -127,6 +141,8 @@ impl Frame {
                 }
             }
         }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = lines;
     }
 
     /// The words `from..to`, clamped to the page.

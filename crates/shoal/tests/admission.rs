@@ -180,6 +180,21 @@ fn admission_off_has_no_gate_and_default_is_auto() {
 }
 
 #[test]
+fn auto_adds_a_spare_slot_for_synchronous_commits_only() {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let limit = |log: LogMode, admission: Admission| {
+        let dir = tempfile::tempdir().unwrap();
+        let o = Options::default().with_log(log).with_admission(admission);
+        let db = Database::open(dir.path(), o).unwrap();
+        db.admission_stats().unwrap().limit
+    };
+    assert_eq!(limit(LogMode::Sync, Admission::Auto), cores + 1);
+    assert_eq!(limit(LogMode::Async, Admission::Auto), cores);
+    assert_eq!(limit(LogMode::Pipelined, Admission::Auto), cores);
+    assert_eq!(limit(LogMode::Sync, Admission::Limit(2)), 2);
+}
+
+#[test]
 fn many_threads_over_one_slot_all_finish_in_every_mode() {
     for cc in [
         ConcurrencyControl::TwoPhaseLocking,

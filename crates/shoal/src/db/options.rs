@@ -211,7 +211,8 @@ pub struct Options {
     pub doppel: crate::doppel::DoppelOptions,
     /// Load control: how many transactions run at once; more wait in `begin` (the wait
     /// counts in their latency), and a transaction waiting for a lock or the log does not
-    /// count. Default: [`Admission::Auto`], one per core. See [`Admission`](crate::Admission).
+    /// count. Default: [`Admission::Auto`], one per core (one more with synchronous
+    /// commits). See [`Admission`](crate::Admission).
     ///
     /// [`Admission::Auto`]: crate::Admission::Auto
     pub admission: crate::Admission,

@@ -193,18 +193,6 @@ pub trait LockTable: Send + Sync {
         self.acquire(txn, id, mode, None)
     }
 
-    /// An instant-duration request that does not wait (Kimura et al. 2012 §4: an insert's
-    /// check of the gap it splits): succeeds when `mode` on `id` could be granted to `txn`
-    /// at once, and leaves nothing behind; fails with [`LockFailure::WouldBlock`] otherwise
-    /// (the caller then requests the lock, waits, and releases it). `txn` must hold no lock
-    /// on `id`. The default grants and releases at once; a table may answer from the queue
-    /// without changing it.
-    fn try_instant(&self, txn: TxnId, id: &LockId, mode: LockMode) -> Result<(), LockFailure> {
-        self.try_lock(txn, id, mode)?;
-        self.unlock(txn, id);
-        Ok(())
-    }
-
     /// Releases whatever `txn` holds on `id` and grants waiters that become compatible.
     /// Releasing a lock that is not held is a no-op.
     fn unlock(&self, txn: TxnId, id: &LockId) {

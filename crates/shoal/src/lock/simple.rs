@@ -979,30 +979,6 @@ impl LockTable for SimpleLockTable {
         self.wait(shard, txn, h, id, wait.unwrap_or_default())
     }
 
-    /// Answers from the queue under the shard mutex and writes nothing to the table: no
-    /// entry is made for a free lock, none removed, so the table's control bytes and
-    /// entries stay as they were (a gap's next key is often hot: the end of a district's
-    /// orders, which every NewOrder of that district checks). A request that could be
-    /// granted now and is released at once changes nothing for the others: it would have
-    /// been compatible with every granted mode and with every waiting request ahead of it.
-    fn try_instant(&self, txn: TxnId, id: &LockId, mode: LockMode) -> Result<(), LockFailure> {
-        if mode == LockMode::N {
-            return Ok(());
-        }
-        let h = hash_id(id);
-        let shard = self.shard_of(h, id).lock();
-        match shard.get(h, id) {
-            None => Ok(()),
-            Some(q)
-                if q.position(txn).is_none()
-                    && mode.compatible_with_all(q.tail_blocking_mask()) =>
-            {
-                Ok(())
-            }
-            Some(_) => Err(LockFailure::WouldBlock),
-        }
-    }
-
     fn tag(&self, id: &LockId) -> u64 {
         let h = hash_id(id);
         let shard = self.shard_of(h, id).lock();

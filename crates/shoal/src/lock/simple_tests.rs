@@ -116,29 +116,3 @@ fn inline_and_boxed_key_names_lock_apart() {
     assert_eq!(t.queue_count(), 0);
     assert_eq!(t.footprint(), crate::lock::LockTableFootprint::default());
 }
-
-#[test]
-fn an_instant_request_answers_as_a_grant_would_and_leaves_the_queue_unchanged() {
-    // Every pair of a mode held by transaction 2 and a mode asked for an instant by
-    // transaction 1: `try_instant` agrees with a `try_lock` that is released at once, and
-    // makes or removes no queue.
-    let t = table(DeadlockPolicy::WaitForGraph);
-    let k = LockId::Key(1, b"gap".to_vec().into());
-    assert_eq!(t.try_instant(1, &k, NX), Ok(()));
-    assert_eq!(t.footprint().heads, 0, "no queue for a free lock");
-    for held in LockMode::ALL.into_iter().filter(|&m| m != N) {
-        t.lock(2, &k, held, Duration::from_secs(1)).unwrap();
-        for asked in LockMode::ALL {
-            let instant = t.try_instant(1, &k, asked);
-            assert_eq!(t.footprint().entries, 1, "{held:?} held, {asked:?} asked");
-            let granted = t.try_lock(1, &k, asked);
-            if granted.is_ok() {
-                t.unlock(1, &k);
-            }
-            assert_eq!(instant.is_ok(), granted.is_ok(), "{held:?} held, {asked:?} asked");
-            assert_eq!(instant.is_ok(), asked.compatible(held), "{held:?}, {asked:?}");
-        }
-        t.unlock(2, &k);
-        assert_eq!(t.footprint().heads, 0);
-    }
-}

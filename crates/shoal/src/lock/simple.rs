@@ -5,11 +5,12 @@
 //!   hash table of lock entries; the shard is picked by a (re-mixed) Fx hash of the lock id,
 //!   within a window of the shards that depends on the table for key locks (see `shard`).
 //!   The id is hashed once: the same hash picks the shard and probes the shard's table.
-//!   An uncontended acquire or release is one shard mutex plus one hash lookup. An entry
-//!   (the lock's name and its queue) is one cache line: a key of up to [`INLINE_KEY`] bytes
-//!   is copied into it (a longer one is boxed), and the queue's first request lives in it, so
-//!   an uncontended lock allocates nothing and touches one line of the table besides the
-//!   probe. A request records only what every policy needs; the thread handle of a waiting
+//!   An entry (the lock's name and its queue) is at most a cache line: a key of up to
+//!   [`INLINE_KEY`] bytes is copied into it (a longer one is boxed), and the queue's first
+//!   request lives in it, so an uncontended lock allocates nothing. A shard's first entry
+//!   lives in the shard, next to its mutex (the shard mostly holds one lock or none): an
+//!   uncontended acquire or release then touches only the shard's 128 bytes; further
+//!   entries go to the shard's hash table, one cache line each. A request records only what every policy needs; the thread handle of a waiting
 //!   request, and the queue's second and later requests, live in a separate allocation made
 //!   when a second request arrives; the age and flush-pipeline length of a request are read
 //!   (thread-locals) only under the policies that decide by them (wait-die, wound-wait,
@@ -61,7 +62,7 @@ use std::thread::{self, Thread};
 use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
-use hashbrown::hash_table::{Entry as Slot, HashTable};
+use hashbrown::hash_table::HashTable;
 use parking_lot::{Mutex, MutexGuard};
 use rustc_hash::{FxHashMap, FxHashSet, FxHasher};
 
@@ -452,23 +453,39 @@ impl Name {
     }
 }
 
-/// One lock of a shard: its name and its queue, in one cache line.
-#[repr(align(64))]
+/// One lock of a shard: its name and its queue.
 struct Entry {
     name: Name,
     queue: Queue,
 }
 
-const _: () = assert!(std::mem::size_of::<Entry>() == 64);
+/// An entry of a shard's hash table, in a cache line of its own.
+#[repr(align(64))]
+struct Line(Entry);
+
+const _: () = assert!(std::mem::size_of::<Entry>() <= 64);
+const _: () = assert!(std::mem::size_of::<Line>() == 64);
 
 /// One shard: the queues of the locks hashed to it.
+///
+/// The shard's first lock lives in the shard itself, next to its mutex: with 512 shards
+/// and a few dozen locks held at a time, a shard mostly holds one lock or none, so an
+/// uncontended request and its release touch only the shard's own 128 bytes (two adjacent
+/// cache lines, whose addresses the hash gives at once), not a line of the table's control
+/// bytes and then the entry's line that those name, each a cache miss after the one
+/// before, and each a transfer from the other core when two threads lock keys of one
+/// shard. The hash table holds the shard's other locks.
 #[derive(Default)]
 struct Shard {
-    map: HashTable<Entry>,
+    first: Option<Entry>,
+    map: HashTable<Line>,
     /// Highest tag of a queue removed from this shard: a tag must outlive its queue, so
     /// every lock of the shard reports at least this much afterwards (conservative).
     retired_tag: u64,
 }
+
+// The mutex, the table's header and the first entry fit in one cache-padded shard.
+const _: () = assert!(std::mem::size_of::<Mutex<Shard>>() <= 128);
 
 /// A shard's table keeps room for this many locks however few it holds.
 const SHARD_ROOM: usize = 14;
@@ -482,19 +499,66 @@ impl Shard {
         let cap = self.map.capacity();
         if cap > SHARD_ROOM && self.map.len() * 8 < cap {
             let room = SHARD_ROOM.max(self.map.len() * 2);
-            self.map.shrink_to(room, |e| e.name.hash());
+            self.map.shrink_to(room, |e| e.0.name.hash());
         }
     }
 
     /// The queue of `id` (hash `h`).
     fn get(&self, h: u64, id: &LockId) -> Option<&Queue> {
-        self.map.find(h, |e| e.name.is(id)).map(|e| &e.queue)
+        if let Some(e) = self.first.as_ref().filter(|e| e.name.is(id)) {
+            return Some(&e.queue);
+        }
+        if self.map.is_empty() {
+            return None;
+        }
+        self.map.find(h, |e| e.0.name.is(id)).map(|e| &e.0.queue)
     }
 
     fn get_mut(&mut self, h: u64, id: &LockId) -> Option<&mut Queue> {
+        if self.first.as_ref().is_some_and(|e| e.name.is(id)) {
+            return self.first.as_mut().map(|e| &mut e.queue);
+        }
+        if self.map.is_empty() {
+            return None;
+        }
         self.map
-            .find_mut(h, |e| e.name.is(id))
-            .map(|e| &mut e.queue)
+            .find_mut(h, |e| e.0.name.is(id))
+            .map(|e| &mut e.0.queue)
+    }
+
+    /// Adds the queue of a lock the shard does not hold (hash `h`).
+    fn insert(&mut self, h: u64, e: Entry) {
+        if self.first.is_none() {
+            self.first = Some(e);
+        } else {
+            self.map.insert_unique(h, Line(e), |e| e.0.name.hash());
+        }
+    }
+
+    /// Removes the queue of `id` (hash `h`), keeping its tag.
+    fn remove(&mut self, h: u64, id: &LockId) {
+        let gone = if self.first.as_ref().is_some_and(|e| e.name.is(id)) {
+            self.first.take()
+        } else {
+            match self.map.find_entry(h, |e| e.0.name.is(id)) {
+                Ok(o) => Some(o.remove().0 .0),
+                Err(_) => None,
+            }
+        };
+        if let Some(e) = gone {
+            self.retired_tag = self.retired_tag.max(e.queue.tag);
+        }
+        self.removed();
+    }
+
+    /// The number of queues.
+    fn len(&self) -> usize {
+        usize::from(self.first.is_some()) + self.map.len()
+    }
+
+    /// Every entry.
+    fn entries(&self) -> impl Iterator<Item = &Entry> {
+        self.first.iter().chain(self.map.iter().map(|e| &e.0))
     }
 }
 
@@ -581,7 +645,7 @@ impl SimpleLockTable {
     /// Number of lock queues currently in the table (0 once every lock is released and no
     /// request waits).
     pub fn queue_count(&self) -> usize {
-        self.shards.iter().map(|s| s.lock().map.len()).sum()
+        self.shards.iter().map(|s| s.lock().len()).sum()
     }
 
     /// True when the table is back at rest (diagnostics and tests): no lock queue, an empty
@@ -702,10 +766,9 @@ impl SimpleLockTable {
         graph: &mut Option<MutexGuard<'a, Graph>>,
         wake: &mut Wakeups,
     ) {
-        let Ok(mut slot) = shard.map.find_entry(h, |e| e.name.is(id)) else {
+        let Some(q) = shard.get_mut(h, id) else {
             unreachable!("queue of a waiting request");
         };
-        let q = &mut slot.get_mut().queue;
         let r = q.reqs()[p];
         debug_assert!(r.waiting);
         if r.in_graph {
@@ -725,9 +788,7 @@ impl SimpleLockTable {
             r.in_graph = false;
         }
         if q.reqs().is_empty() {
-            let (e, _) = slot.remove();
-            shard.retired_tag = shard.retired_tag.max(e.queue.tag);
-            shard.removed();
+            shard.remove(h, id);
         } else {
             self.after_change(q, true, graph, wake);
         }
@@ -909,19 +970,20 @@ impl LockTable for SimpleLockTable {
         let h = hash_id(id);
         let mut shard = self.shard_of(h, id).lock();
         let sh = &mut *shard;
-        let q = match sh.map.entry(h, |e| e.name.is(id), |e| e.name.hash()) {
-            Slot::Occupied(o) => &mut o.into_mut().queue,
-            Slot::Vacant(v) => {
+        let q = match sh.get_mut(h, id) {
+            Some(q) => q,
+            None => {
                 if mode == LockMode::N {
                     return Ok(LockMode::N);
                 }
-                v.insert(Entry {
+                let e = Entry {
                     name: Name::of(id),
                     queue: Queue {
                         reqs: Reqs::One(self.request(txn, mode)),
                         tag: 0,
                     },
-                });
+                };
+                sh.insert(h, e);
                 return Ok(mode);
             }
         };
@@ -989,10 +1051,9 @@ impl LockTable for SimpleLockTable {
         let h = hash_id(id);
         let mut shard = self.shard_of(h, id).lock();
         let sh = &mut *shard;
-        let Ok(mut slot) = sh.map.find_entry(h, |e| e.name.is(id)) else {
+        let Some(q) = sh.get_mut(h, id) else {
             return;
         };
-        let q = &mut slot.get_mut().queue;
         let Some(p) = q.position(txn) else {
             return;
         };
@@ -1010,9 +1071,7 @@ impl LockTable for SimpleLockTable {
             }
         }
         if q.reqs().is_empty() {
-            let (e, _) = slot.remove();
-            sh.retired_tag = sh.retired_tag.max(e.queue.tag);
-            sh.removed();
+            sh.remove(h, id);
         } else {
             self.after_change(q, had_waiters, &mut graph, &mut wake);
         }
@@ -1030,8 +1089,8 @@ impl LockTable for SimpleLockTable {
         let mut f = super::LockTableFootprint::default();
         for s in self.shards.iter() {
             let s = s.lock();
-            f.heads += s.map.len();
-            f.entries += s.map.iter().map(|e| e.queue.reqs().len()).sum::<usize>();
+            f.heads += s.len();
+            f.entries += s.entries().map(|e| e.queue.reqs().len()).sum::<usize>();
         }
         f
     }

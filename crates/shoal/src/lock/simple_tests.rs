@@ -116,3 +116,39 @@ fn inline_and_boxed_key_names_lock_apart() {
     assert_eq!(t.queue_count(), 0);
     assert_eq!(t.footprint(), crate::lock::LockTableFootprint::default());
 }
+
+#[test]
+fn a_shards_first_lock_and_its_table_hold_locks_apart() {
+    // Four keys of one shard: the first lock taken lives in the shard, the others in its
+    // table; releasing the first leaves the others held, and the next lock taken there
+    // takes the shard's own place again.
+    let t = table(DeadlockPolicy::WaitForGraph);
+    let key = |k: u32| LockId::Key(1, k.to_be_bytes().to_vec().into());
+    let home = shard_index(&t, &key(0));
+    let keys: Vec<LockId> = (0..)
+        .map(key)
+        .filter(|k| shard_index(&t, k) == home)
+        .take(4)
+        .collect();
+    let s = Duration::from_secs(1);
+    for (txn, k) in keys[..3].iter().enumerate() {
+        assert_eq!(t.lock(txn as u64 + 1, k, X, s), Ok(X));
+    }
+    assert_eq!(t.queue_count(), 3);
+    for (txn, k) in keys[..3].iter().enumerate() {
+        // Held by its own transaction only.
+        assert_eq!(t.try_lock(9, k, S), Err(LockFailure::WouldBlock));
+        assert_eq!(t.lock(txn as u64 + 1, k, S, s), Ok(X));
+    }
+    t.unlock(1, &keys[0]);
+    assert!(t.is_free(&keys[0]));
+    assert!(!t.is_free(&keys[1]) && !t.is_free(&keys[2]));
+    assert_eq!(t.lock(4, &keys[3], S, s), Ok(S));
+    assert_eq!(t.try_lock(5, &keys[3], X), Err(LockFailure::WouldBlock));
+    assert_eq!(t.lock(5, &keys[0], S, s), Ok(S));
+    for (txn, k) in [(2, 1), (3, 2), (4, 3), (5, 0)] {
+        t.unlock(txn, &keys[k]);
+    }
+    assert!(t.is_idle());
+    assert_eq!(t.footprint().heads, 0);
+}

@@ -10,12 +10,12 @@
 //!   request lives in it, so an uncontended lock allocates nothing. A shard's first entry
 //!   lives in the shard, next to its mutex (the shard mostly holds one lock or none): an
 //!   uncontended acquire or release then touches only the shard's 128 bytes; further
-//!   entries go to the shard's hash table, one cache line each. A request records only what every policy needs; the thread handle of a waiting
-//!   request, and the queue's second and later requests, live in a separate allocation made
-//!   when a second request arrives; the age and flush-pipeline length of a request are read
-//!   (thread-locals) only under the policies that decide by them (wait-die, wound-wait,
-//!   Dreadlocks). A queue is removed as soon as it holds no request, so memory stays bounded
-//!   by the live requests.
+//!   entries go to the shard's hash table, one cache line each. A request records only what
+//!   every policy needs; the thread handle of a waiting request, and the queue's second and
+//!   later requests, live in a separate allocation made when a second request arrives; the age
+//!   and flush-pipeline length of a request are read (thread-locals) only under the policies
+//!   that decide by them (wait-die, wound-wait, Dreadlocks). A queue is removed as soon as it
+//!   holds no request, so memory stays bounded by the live requests.
 //! * **Queues and grants.** Requests are kept in arrival order, each with a granted mode (`N`
 //!   while a new request waits) and a requested mode. Grants follow Kimura et al. 2012 §4.2:
 //!   a *new* request is granted iff its mode is compatible with every other request's granted

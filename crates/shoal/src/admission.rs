@@ -111,8 +111,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-pub(crate) use commit::commit_wait;
-pub(crate) use gate::Gate;
+pub(crate) use commit::{commit_wait, requeue_durable};
+pub(crate) use gate::{Gate, Waiter};
 
 /// The primitives the hand-over uses (`std` and `parking_lot` here; `shuttle`'s in the
 /// model-checking test).
@@ -587,6 +587,21 @@ mod tests {
         while !f() {
             std::thread::sleep(Duration::from_millis(1));
         }
+    }
+
+    #[test]
+    fn a_commit_waiter_is_reused_only_once_nothing_else_holds_it() {
+        let mut w = Waiter::new(std::thread::current(), 7);
+        w.grant(3);
+        w.commit.store(2, Ordering::Relaxed);
+        let queued = Arc::clone(&w);
+        assert!(!Waiter::reset_unshared(&mut w, 7), "still held by a queue");
+        assert_eq!(w.granted(), Some(3), "left alone while shared");
+        drop(queued);
+        assert!(!Waiter::reset_unshared(&mut w, 8), "another thread's token");
+        assert!(Waiter::reset_unshared(&mut w, 7));
+        assert_eq!(w.granted(), None);
+        assert_eq!(w.commit.load(Ordering::Relaxed), 0);
     }
 
     #[test]

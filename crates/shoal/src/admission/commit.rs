@@ -17,7 +17,8 @@
 //! them as soon as it is durable, not after a turn of the queue: it is woken directly, runs
 //! its release without a slot, and queues for one only at its next `begin`.
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::cell::RefCell;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -26,8 +27,9 @@ use super::{watch, Gate, LOCAL, NO_SLOT};
 use crate::error::Result;
 use crate::log::buffer::LogBuffer;
 
-const PENDING: u8 = 0;
+/// `Waiter::commit` once the flusher queued the committer for a slot (0 before).
 const QUEUED: u8 = 1;
+/// `Waiter::commit` once the log failed.
 const FAILED: u8 = 2;
 
 /// What the thread holds when its commit starts to wait.
@@ -74,39 +76,67 @@ pub(crate) fn commit_wait(log: &LogBuffer, end: u64, holds_locks: bool) -> Resul
     }
 }
 
-fn requeue_wait(log: &LogBuffer, end: u64, gate: Arc<Gate>, token: u32) -> Result<()> {
-    let me = Waiter::new(std::thread::current(), token);
-    let state = Arc::new(AtomicU8::new(PENDING));
-    {
-        let (gate, me, state) = (Arc::clone(&gate), Arc::clone(&me), Arc::clone(&state));
-        log.on_durable_wake(
-            end,
-            Box::new(move |res| {
-                if res.is_ok() {
-                    // Handed a slot at once: woken (after the flusher's whole batch); else
-                    // queued, and woken by the thread that hands it a slot later (the flag
-                    // only tells the committer, should it wake up before, that its escape
-                    // time runs).
-                    let now = gate.enqueue(&me, false).is_some();
-                    if !now {
-                        watch(&gate);
-                    }
-                    state.store(QUEUED, Ordering::Release);
-                    now.then(|| me.thread())
-                } else {
-                    state.store(FAILED, Ordering::Release);
-                    Some(me.thread())
-                }
-            }),
-        );
+/// The flusher's part of a synchronous commit's wait (`LogBuffer::on_durable_requeue`):
+/// once the commit is durable, queues its thread `me` for a slot of `gate` and returns the
+/// thread to wake if it was handed one at once (else the thread that hands it one wakes
+/// it); if the log failed, marks the failure and returns the thread to wake.
+pub(crate) fn requeue_durable(
+    gate: &Arc<Gate>,
+    me: &Arc<Waiter>,
+    durable: bool,
+) -> Option<std::thread::Thread> {
+    if durable {
+        // Handed a slot at once: woken (after the flusher's whole batch); else queued, and
+        // woken by the thread that hands it a slot later (the flag only tells the
+        // committer, should it wake up before, that its escape time runs).
+        let now = gate.enqueue(me, false).is_some();
+        if !now {
+            watch(gate);
+        }
+        me.commit.store(QUEUED, Ordering::Release);
+        now.then(|| me.thread())
+    } else {
+        me.commit.store(FAILED, Ordering::Release);
+        Some(me.thread())
     }
+}
+
+thread_local! {
+    /// The waiter of this thread's last commit wait, reused once nothing else holds it.
+    static WAITER: RefCell<Option<Arc<Waiter>>> = const { RefCell::new(None) };
+}
+
+/// A waiter for this thread (token `token`): the last one again when nothing else holds it
+/// (the usual case: the queue and the flusher drop theirs within microseconds of the hand-
+/// over), else a new one. Nothing is allocated per commit, and nothing allocated by this
+/// thread is freed by the flusher's (a cross-thread free costs both sides in `mimalloc`).
+fn commit_waiter(token: u32) -> Arc<Waiter> {
+    let fresh = || Waiter::new(std::thread::current(), token);
+    WAITER
+        .try_with(|c| {
+            let mut c = c.borrow_mut();
+            if let Some(w) = c.as_mut() {
+                if Waiter::reset_unshared(w, token) {
+                    return Arc::clone(w);
+                }
+            }
+            let w = fresh();
+            *c = Some(Arc::clone(&w));
+            w
+        })
+        .unwrap_or_else(|_| fresh())
+}
+
+fn requeue_wait(log: &LogBuffer, end: u64, gate: Arc<Gate>, token: u32) -> Result<()> {
+    let me = commit_waiter(token);
+    log.on_durable_requeue(end, Arc::clone(&gate), Arc::clone(&me));
     // Parked until handed a slot (or the log fails). The escape time of the gate counts from
     // the moment the thread is known to be queued.
     let outcome = loop {
         if me.granted().is_some() {
             break Ok(gate.wait_granted(&me, false, None));
         }
-        match state.load(Ordering::Acquire) {
+        match me.commit.load(Ordering::Acquire) {
             QUEUED => break Ok(gate.wait_granted(&me, false, Some(Instant::now()))),
             FAILED => break Err(log.check().err()),
             _ => std::thread::park_timeout(Duration::from_millis(10)),

@@ -54,6 +54,9 @@ pub struct Waiter {
     token: u32,
     /// The slot it was handed (`NONE` until then).
     granted: AtomicUsize,
+    /// Where a synchronous commit's wait stands (`admission::commit`; 0 until the flusher
+    /// has dealt with it).
+    pub(super) commit: std::sync::atomic::AtomicU8,
 }
 
 impl Waiter {
@@ -63,7 +66,23 @@ impl Waiter {
             thread,
             token,
             granted: AtomicUsize::new(NONE),
+            commit: std::sync::atomic::AtomicU8::new(0),
         })
+    }
+
+    /// Readies `w` for another wait of thread `token` if nothing else holds it any more (no
+    /// queue, no flusher: `Arc::get_mut` sees the last reference, with the other holders'
+    /// writes), and says whether it did; a thread that waits again and again (a synchronous
+    /// commit per transaction) then allocates its waiter once.
+    pub fn reset_unshared(w: &mut Arc<Waiter>, token: u32) -> bool {
+        match Arc::get_mut(w) {
+            Some(me) if me.token == token => {
+                *me.granted.get_mut() = NONE;
+                *me.commit.get_mut() = 0;
+                true
+            }
+            _ => false,
+        }
     }
 
     /// The slot handed to it, if any yet.
@@ -78,7 +97,7 @@ impl Waiter {
     }
 
     /// Hands slot `i` (already `BUSY(self.token)`) over; the caller unparks the thread.
-    fn grant(&self, i: usize) {
+    pub(super) fn grant(&self, i: usize) {
         self.granted.store(i, SeqCst);
     }
 }

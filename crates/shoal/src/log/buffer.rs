@@ -108,6 +108,11 @@ pub(crate) enum OnDurable {
     Run(DurableCallback),
     /// Run this and wake the thread it returns, after the whole batch.
     Wake(DurableWake),
+    /// A synchronous commit's thread, to queue for an admission slot (see
+    /// `admission::commit`): the case of nearly every commit past the cores, so it comes
+    /// without a boxed callback; with its state in the waiter, the commit allocates one
+    /// object (the waiter) instead of three, each freed by the flusher's thread.
+    Requeue(Arc<crate::admission::Gate>, Arc<crate::admission::Waiter>),
 }
 
 impl OnDurable {
@@ -116,6 +121,9 @@ impl OnDurable {
         match self {
             OnDurable::Run(cb) => cb(res),
             OnDurable::Wake(cb) => wake.extend(cb(res)),
+            OnDurable::Requeue(gate, me) => {
+                wake.extend(crate::admission::requeue_durable(&gate, &me, res.is_ok()));
+            }
         }
     }
 }
@@ -126,7 +134,7 @@ fn fire_all(batch: Vec<OnDurable>, res: std::result::Result<(), String>) {
     let mut wake = Vec::new();
     let (waking, running): (Vec<_>, Vec<_>) = batch
         .into_iter()
-        .partition(|cb| matches!(cb, OnDurable::Wake(_)));
+        .partition(|cb| matches!(cb, OnDurable::Wake(_) | OnDurable::Requeue(..)));
     for cb in waking.into_iter().chain(running) {
         cb.fire(res.clone(), &mut wake);
     }
@@ -321,6 +329,18 @@ impl LogBuffer {
     /// wake, which the flusher wakes after every callback of the flush ran.
     pub fn on_durable_wake(&self, end: u64, cb: DurableWake) {
         self.when_durable(end, OnDurable::Wake(cb));
+    }
+
+    /// Queues `me` for a slot of `gate` once the log is durable up to `end` (a synchronous
+    /// commit's wait: `admission::commit`), waking it if it is handed one at once; or wakes
+    /// it with the failure.
+    pub(crate) fn on_durable_requeue(
+        &self,
+        end: u64,
+        gate: Arc<crate::admission::Gate>,
+        me: Arc<crate::admission::Waiter>,
+    ) {
+        self.when_durable(end, OnDurable::Requeue(gate, me));
     }
 
     fn when_durable(&self, end: u64, cb: OnDurable) {

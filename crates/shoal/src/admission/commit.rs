@@ -2,7 +2,7 @@
 //!
 //! A synchronous commit waits for its log record to be durable. The flusher writes and
 //! fsyncs everything in the buffer at once (group commit) and then wakes the commits of that
-//! flush in one batch. Two things make the wait cheap past the cores:
+//! flush in one batch. Three things make the wait cheap past the cores:
 //!
 //! - **No slot while waiting.** The committer gives its slot up before it parks (to the head
 //!   of the queue), so the cores run other transactions during the flush.
@@ -12,6 +12,12 @@
 //!   at once): it puts the committer in the gate's queue itself, and the committer wakes
 //!   only when it is handed a slot. It then keeps that slot for its next transaction like
 //!   any commit does (see the quantum in the parent module).
+//! - **No allocation per commit.** The flusher's list of durable waits takes the committer
+//!   as a typed entry (`OnDurable::Requeue`: the gate and the waiter), not as a boxed
+//!   callback, the wait's progress lives in the waiter, and a thread reuses its waiter once
+//!   the queue and the flusher have let go of it: nothing the committer allocates is freed
+//!   by the flusher's thread (in `mimalloc` a cross-thread free costs both threads; it took
+//!   a seventh of the flusher's time at 64 threads).
 //!
 //! A commit that still holds locks during the wait (no early lock release) must release
 //! them as soon as it is durable, not after a turn of the queue: it is woken directly, runs

@@ -132,6 +132,10 @@ fn gated() -> (GatedFs, Arc<Control>) {
 }
 
 fn start_log(fs: &GatedFs) -> LogBuffer {
+    start_log_with(fs, FlushPolicy::Eager)
+}
+
+fn start_log_with(fs: &GatedFs, policy: FlushPolicy) -> LogBuffer {
     let dir = PathBuf::from("/log");
     fs.create_dir_all(&dir).expect("mkdir");
     let cfg = LogConfig {
@@ -140,7 +144,7 @@ fn start_log(fs: &GatedFs) -> LogBuffer {
         capacity: 1 << 16,
         segment_size: 1 << 20,
         extra_latency: Duration::ZERO,
-        policy: FlushPolicy::Eager,
+        policy,
     };
     LogBuffer::start(cfg, 0).expect("log starts")
 }
@@ -191,6 +195,41 @@ fn every_committer_is_durable_when_its_wait_returns_and_flushes_are_shared() {
     for h in hs {
         h.join().expect("committer");
     }
+    assert_eq!(log.pending(), 0);
+}
+
+/// Waiters are served at once whatever the flush period: with a period of a minute, a
+/// waiter the flusher missed (registered while it was busy, say, and never woke it) would
+/// wait that minute, so every wait here must end long before. (A version of the flusher
+/// that skipped the wake-up while busy and looked for waiters before sleeping hung here
+/// when that look was left out.)
+#[test]
+fn no_waiter_is_missed_while_the_flusher_is_busy() {
+    let (fs, _ctl) = gated();
+    let log = Arc::new(start_log_with(
+        &fs,
+        FlushPolicy::Periodic(Duration::from_secs(60)),
+    ));
+    let started = std::time::Instant::now();
+    let hs: Vec<_> = (0..8u64)
+        .map(|t| {
+            let log = Arc::clone(&log);
+            std::thread::spawn(move || {
+                for i in 0..300 {
+                    let (_, end) = log.insert(&record(t * 1000 + i)).expect("insert");
+                    log.wait_durable(end).expect("durable");
+                    assert!(log.durable() >= end);
+                }
+            })
+        })
+        .collect();
+    for h in hs {
+        h.join().expect("committer");
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(50),
+        "a waiter slept until the periodic flush"
+    );
     assert_eq!(log.pending(), 0);
 }
 

@@ -110,8 +110,9 @@ pub(crate) enum OnDurable {
     Wake(DurableWake),
     /// A synchronous commit's thread, to queue for an admission slot (see
     /// `admission::commit`): the case of nearly every commit past the cores, so it comes
-    /// without a boxed callback; with its state in the waiter, the commit allocates one
-    /// object (the waiter) instead of three, each freed by the flusher's thread.
+    /// without a boxed callback; with its state in the waiter, which its thread reuses,
+    /// the commit allocates nothing (it allocated three objects before, each freed by the
+    /// flusher's thread).
     Requeue(Arc<crate::admission::Gate>, Arc<crate::admission::Waiter>),
 }
 

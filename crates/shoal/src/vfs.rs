@@ -1,7 +1,7 @@
 //! The file operations of the engine, behind one small interface.
 //!
 //! Every byte the engine persists goes through a [`Vfs`]: directory creation and locking, file
-//! creation, appends, fsyncs, truncation, renames, removals and directory fsyncs, and the reads
+//! creation, appends, writes in place, fsyncs, truncation, renames, removals and directory fsyncs, and the reads
 //! of recovery. Production uses [`StdFs`] (plain `std::fs`; the log writes one buffer per group
 //! commit, so a virtual call per write costs nothing measurable). The tests use an in-memory
 //! file system (`vfs::mem`, test builds only) that can fail the N-th operation with `EIO` or
@@ -19,10 +19,16 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 
-/// A file open for writing (appending at its end).
+/// A file open for writing: appends at its end, or writes in place at an offset.
 pub(crate) trait VFile: Send {
     /// Appends all of `buf`.
     fn write_all(&mut self, buf: &[u8]) -> io::Result<()>;
+    /// Writes all of `buf` at byte `offset`, over what is there (or extending the file).
+    fn write_at(&mut self, offset: u64, buf: &[u8]) -> io::Result<()>;
+    /// Makes the file at least `len` bytes long by writing zeros after its end (real bytes,
+    /// not a hole or an unwritten extent), so that once an fsync has made them durable, writes
+    /// below `len` change no file metadata and an fdatasync of them flushes data only.
+    fn allocate(&mut self, len: u64) -> io::Result<()>;
     /// Makes the file's contents durable (fdatasync).
     fn sync(&mut self) -> io::Result<()>;
     /// Cuts (or extends) the file to `len` bytes; durable only after [`sync`](Self::sync).
@@ -42,8 +48,10 @@ pub(crate) trait Vfs: Send + Sync {
     /// Creates a new, empty file; fails with [`io::ErrorKind::AlreadyExists`] if `path`
     /// exists.
     fn create_new(&self, path: &Path) -> io::Result<Box<dyn VFile>>;
-    /// Opens an existing file for appending.
-    fn open_append(&self, path: &Path) -> io::Result<Box<dyn VFile>>;
+    /// Opens an existing file for writing, positioned at its end (so
+    /// [`VFile::write_all`] appends; not `O_APPEND`, which would make
+    /// [`VFile::write_at`] append too).
+    fn open_write(&self, path: &Path) -> io::Result<Box<dyn VFile>>;
     /// The whole contents of a file.
     fn read(&self, path: &Path) -> io::Result<Vec<u8>>;
     /// The names of the entries of `dir`.
@@ -66,6 +74,31 @@ struct StdFile(File);
 impl VFile for StdFile {
     fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
         self.0.write_all(buf)
+    }
+    fn write_at(&mut self, offset: u64, buf: &[u8]) -> io::Result<()> {
+        #[cfg(unix)]
+        {
+            std::os::unix::fs::FileExt::write_all_at(&self.0, buf, offset)
+        }
+        #[cfg(not(unix))]
+        {
+            use std::io::{Seek as _, SeekFrom};
+            let back = self.0.stream_position()?;
+            self.0.seek(SeekFrom::Start(offset))?;
+            let res = self.0.write_all(buf);
+            self.0.seek(SeekFrom::Start(back))?;
+            res
+        }
+    }
+    fn allocate(&mut self, len: u64) -> io::Result<()> {
+        static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
+        let mut at = self.0.metadata()?.len();
+        while at < len {
+            let n = (len - at).min(ZEROS.len() as u64) as usize;
+            self.write_at(at, &ZEROS[..n])?;
+            at += n as u64;
+        }
+        Ok(())
     }
     fn sync(&mut self) -> io::Result<()> {
         self.0.sync_data()
@@ -106,8 +139,10 @@ impl Vfs for StdFs {
         Ok(Box::new(StdFile(f)))
     }
 
-    fn open_append(&self, path: &Path) -> io::Result<Box<dyn VFile>> {
-        let f = OpenOptions::new().append(true).open(path)?;
+    fn open_write(&self, path: &Path) -> io::Result<Box<dyn VFile>> {
+        use std::io::{Seek as _, SeekFrom};
+        let mut f = OpenOptions::new().write(true).open(path)?;
+        f.seek(SeekFrom::End(0))?;
         Ok(Box::new(StdFile(f)))
     }
 

@@ -104,22 +104,44 @@ fn checkpoint_truncates_the_log_and_recovery_uses_it() {
     assert!(!rows.contains_key(0u32.to_be_bytes().as_slice()));
 }
 
-/// Writes a log of `n` single-put commits; returns the database dir and the log file size
-/// after each commit (sync commits: the record is in the file when commit returns).
+/// The end of the records in a segment file: the offset of the first frame header whose
+/// length is zero (the zeros the log writes ahead of its end), or the file's end.
+fn log_end(seg: &Path) -> u64 {
+    let bytes = std::fs::read(seg).expect("read segment");
+    let mut off = 0usize;
+    while let Some(h) = bytes.get(off..off + 8) {
+        let len = u32::from_le_bytes(h[..4].try_into().expect("4 bytes")) as usize;
+        if len == 0 {
+            break;
+        }
+        off += 8 + len;
+    }
+    off.min(bytes.len()) as u64
+}
+
+/// Writes a log of `n` single-put commits; returns the database dir and the end of the log's
+/// records after each commit (sync commits: the record is in the file when commit returns).
+/// After the database closes, the segment ends where its records do.
 fn small_log(n: u32) -> (tempfile::TempDir, Vec<u64>) {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut ends = Vec::new();
+    let seg;
     {
         let db = Database::open(dir.path(), opts()).expect("open");
         let t = db.create_table("t").expect("create");
-        let seg = segments(dir.path()).pop().expect("segment");
-        ends.push(std::fs::metadata(&seg).expect("meta").len());
+        seg = segments(dir.path()).pop().expect("segment");
+        ends.push(log_end(&seg));
         for i in 0..n {
             db.run(|tx| tx.put(&t, i.to_be_bytes(), i.to_le_bytes()))
                 .expect("put");
-            ends.push(std::fs::metadata(&seg).expect("meta").len());
+            ends.push(log_end(&seg));
         }
     }
+    assert_eq!(
+        std::fs::metadata(&seg).expect("meta").len(),
+        *ends.last().expect("ends"),
+        "a clean close cuts the zeros after the log's end"
+    );
     (dir, ends)
 }
 
@@ -160,6 +182,73 @@ fn torn_tail_at_every_offset_recovers_the_whole_records_before_it() {
         let torn = db.recovery_stats().expect("stats").torn_bytes;
         assert_eq!(torn, cut - ends[whole], "cut at {cut}");
     }
+}
+
+/// A crash image of an open database: its last segment ends in the zeros the log writes
+/// ahead of its end. Returns the image, the segment's name, where its records end, and the
+/// rows committed.
+fn crash_image_with_zeros() -> (tempfile::TempDir, std::ffi::OsString, u64) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = Database::open(dir.path(), opts()).expect("open");
+    let t = db.create_table("t").expect("create");
+    for i in 0u32..50 {
+        db.run(|tx| tx.put(&t, i.to_be_bytes(), [9u8; 30]))
+            .expect("put");
+    }
+    let seg = segments(dir.path()).pop().expect("segment");
+    let end = log_end(&seg);
+    let bytes = std::fs::read(&seg).expect("read");
+    assert!(
+        bytes.len() as u64 > end,
+        "the log writes zeros ahead of its end ({} bytes, records end at {end})",
+        bytes.len()
+    );
+    assert!(bytes[end as usize..].iter().all(|&b| b == 0));
+    let crash = copy_dir(dir.path());
+    drop(db);
+    (crash, seg.file_name().expect("name").to_owned(), end)
+}
+
+#[test]
+fn zeros_after_the_log_in_a_crash_image_end_the_log_and_are_cut() {
+    let (crash, name, end) = crash_image_with_zeros();
+    let db = Database::open(crash.path(), opts()).expect("recover the crash image");
+    let stats = db.recovery_stats().expect("stats").clone();
+    assert_eq!(stats.torn_bytes, 0, "zeros are not a torn tail");
+    assert_eq!(stats.torn_file, None);
+    assert_eq!(dump(&db, "t").len(), 50, "every commit is there");
+    let seg = crash.path().join(&name);
+    assert_eq!(std::fs::metadata(&seg).expect("meta").len(), end);
+    // The database goes on, and opens again.
+    let t = db.table("t").expect("table");
+    db.run(|tx| tx.put(&t, b"after", b"1")).expect("put");
+    drop(db);
+    let db = Database::open(crash.path(), opts()).expect("reopen");
+    assert_eq!(dump(&db, "t").len(), 51);
+}
+
+#[test]
+fn a_torn_record_before_the_zeros_is_kept_aside_without_them() {
+    let (crash, name, end) = crash_image_with_zeros();
+    let seg = crash.path().join(&name);
+    let mut bytes = std::fs::read(&seg).expect("read");
+    // Part of a record that a flush cut short, written over the zeros.
+    let e = end as usize;
+    bytes[e..e + 100].fill(0xab);
+    std::fs::write(&seg, &bytes).expect("write");
+    let db = Database::open(crash.path(), opts()).expect("a torn tail opens");
+    let stats = db.recovery_stats().expect("stats").clone();
+    assert_eq!(dump(&db, "t").len(), 50);
+    let kept = std::fs::read(stats.torn_file.expect("torn bytes kept")).expect("read kept");
+    // Kept to the end of the 4 KiB block holding the last non-zero byte.
+    let block_end = (e + 100).div_ceil(4096) * 4096;
+    assert_eq!(kept, &bytes[e..block_end.min(bytes.len())]);
+    assert_eq!(stats.torn_bytes, kept.len() as u64);
+    assert!(
+        kept.len() < bytes.len() - e,
+        "the zeros after it are not kept"
+    );
+    assert_eq!(std::fs::metadata(&seg).expect("meta").len(), end);
 }
 
 #[test]

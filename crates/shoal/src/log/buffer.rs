@@ -9,7 +9,8 @@
 //! 3. **release** in LSN order: wait until every earlier claim is released, then publish the new
 //!    end (`released`). The flusher only ever writes bytes below `released`.
 //!
-//! The flush daemon writes `[durable, released)` to the current segment file, fsyncs, sleeps
+//! The flush daemon writes `[durable, released)` in place into the current segment file (which
+//! it extends with zeros ahead of the log's end, [`ALLOCATE_AHEAD`]), fsyncs, sleeps
 //! the configured extra device latency, publishes `durable` and wakes the waiters: every commit
 //! that arrived during a flush shares the next one (group commit). A failed write or fsync is
 //! fatal for the log: every waiter and every later insert gets the error, and nothing written
@@ -435,8 +436,45 @@ impl Drop for LogBuffer {
     }
 }
 
-fn flusher_main(sh: Arc<LogShared>, cfg: LogConfig, mut file: Box<dyn VFile>, start: u64) {
-    let mut seg_start = start;
+/// The current segment file as the flusher writes it.
+struct Segment {
+    file: Box<dyn VFile>,
+    /// The LSN at its byte 0.
+    start: u64,
+    /// Its length: the log bytes written to it, then zeros written ahead of them
+    /// ([`ALLOCATE_AHEAD`]).
+    allocated: u64,
+}
+
+/// How far ahead of the log's end a segment's file is extended with zeros, at most. Appending
+/// to a file changes its size, so every fdatasync of an append also writes the file's metadata
+/// (the inode, or a journal commit): a second device write; writing over bytes that already
+/// exist does not. Measured on this project's machines (fsync about 0.1 ms), an 8 KiB append plus
+/// fdatasync took 330-830 µs, the same write in place 120-160 µs. The zeros cost one
+/// metadata-changing fdatasync per 4 MiB of log, and a crash leaves a zero tail that recovery
+/// reads as the end of the log ([`segment::replay`]).
+pub(crate) const ALLOCATE_AHEAD: u64 = 4 << 20;
+
+impl Segment {
+    /// Cuts the zeros after the log's end `end` (an LSN), durably: a segment that is not the
+    /// last, or the last after a clean shutdown, holds whole records only.
+    fn trim(&mut self, end: u64, path: &Path) -> Result<()> {
+        let len = end - self.start;
+        if self.allocated > len {
+            self.file.set_len(len).map_err(on("truncate", path))?;
+            self.file.sync().map_err(on("fsync", path))?;
+            self.allocated = len;
+        }
+        Ok(())
+    }
+}
+
+fn flusher_main(sh: Arc<LogShared>, cfg: LogConfig, file: Box<dyn VFile>, start: u64) {
+    let mut seg = Segment {
+        file,
+        start,
+        allocated: 0,
+    };
     let mut durable = start;
     loop {
         // Wait for work.
@@ -458,7 +496,7 @@ fn flusher_main(sh: Arc<LogShared>, cfg: LogConfig, mut file: Box<dyn VFile>, st
         }
         let released = sh.released.load(Ordering::Acquire);
         if released > durable {
-            if let Err(e) = flush_range(&sh, &cfg, &mut file, &mut seg_start, durable, released) {
+            if let Err(e) = flush_range(&sh, &cfg, &mut seg, durable, released) {
                 *sh.failure.lock() = Some(e.to_string());
                 sh.failed.store(true, Ordering::Release);
                 {
@@ -491,6 +529,9 @@ fn flusher_main(sh: Arc<LogShared>, cfg: LogConfig, mut file: Box<dyn VFile>, st
             fire_all(ready, Ok(()));
         }
         if sh.shutdown.load(Ordering::Acquire) && sh.released.load(Ordering::Acquire) == durable {
+            // A clean shutdown leaves no zeros after the log's end. If cutting them fails,
+            // recovery reads them as the end of the log all the same.
+            let _ = seg.trim(durable, &segment::path(&cfg.dir, seg.start));
             return;
         }
     }
@@ -499,16 +540,23 @@ fn flusher_main(sh: Arc<LogShared>, cfg: LogConfig, mut file: Box<dyn VFile>, st
 fn flush_range(
     sh: &LogShared,
     cfg: &LogConfig,
-    file: &mut Box<dyn VFile>,
-    seg_start: &mut u64,
+    seg: &mut Segment,
     from: u64,
     to: u64,
 ) -> Result<()> {
-    let seg = segment::path(&cfg.dir, *seg_start);
+    let path = segment::path(&cfg.dir, seg.start);
     // The emulated device latency comes first: until it has passed, nothing of this flush is
     // in the file, as with a real slow device (a crash during it loses the whole group).
     if !cfg.extra_latency.is_zero() {
         std::thread::sleep(cfg.extra_latency);
+    }
+    // Zeros ahead of the writes (see `ALLOCATE_AHEAD`), made durable by this flush's fsync.
+    let end = to - seg.start;
+    if end > seg.allocated {
+        let step = ALLOCATE_AHEAD.min(cfg.segment_size.max(1).next_multiple_of(1 << 12));
+        let len = end.div_ceil(step) * step;
+        seg.file.allocate(len).map_err(on("write", &path))?;
+        seg.allocated = len;
     }
     let cap = sh.cap as u64;
     let mut at = from;
@@ -519,14 +567,21 @@ fn flush_range(
         // finished copying (acquire load of `released` above), and no inserter can reuse
         // these positions before `durable` passes them, which happens only after this write.
         let chunk = unsafe { &(&(*sh.ring.data.get()))[pos..pos + n] };
-        file.write_all(chunk).map_err(on("write", &seg))?;
+        seg.file
+            .write_at(at - seg.start, chunk)
+            .map_err(on("write", &path))?;
         at += n as u64;
     }
-    file.sync().map_err(on("fsync", &seg))?;
-    // Rotate at a record boundary (`to` always is one) once the segment is big enough.
-    if to - *seg_start >= cfg.segment_size {
-        *file = segment::create(&*cfg.vfs, &cfg.dir, to)?;
-        *seg_start = to;
+    seg.file.sync().map_err(on("fsync", &path))?;
+    // Rotate at a record boundary (`to` always is one) once the segment is big enough, cutting
+    // the zeros after its end first.
+    if end >= cfg.segment_size {
+        seg.trim(to, &path)?;
+        *seg = Segment {
+            file: segment::create(&*cfg.vfs, &cfg.dir, to)?,
+            start: to,
+            allocated: 0,
+        };
     }
     Ok(())
 }

@@ -56,6 +56,16 @@ impl VFile for GatedFile {
         }
         Ok(())
     }
+    fn write_at(&mut self, offset: u64, buf: &[u8]) -> io::Result<()> {
+        self.inner.write_at(offset, buf)?;
+        if self.log {
+            self.ctl.written.fetch_add(buf.len() as u64, SeqCst);
+        }
+        Ok(())
+    }
+    fn allocate(&mut self, len: u64) -> io::Result<()> {
+        self.inner.allocate(len)
+    }
     fn sync(&mut self) -> io::Result<()> {
         if self.log {
             self.ctl.syncs.fetch_add(1, SeqCst);
@@ -98,8 +108,8 @@ impl Vfs for GatedFs {
         let f = self.inner.create_new(path)?;
         Ok(self.wrap(path, f))
     }
-    fn open_append(&self, path: &Path) -> io::Result<Box<dyn VFile>> {
-        let f = self.inner.open_append(path)?;
+    fn open_write(&self, path: &Path) -> io::Result<Box<dyn VFile>> {
+        let f = self.inner.open_write(path)?;
         Ok(self.wrap(path, f))
     }
     fn read(&self, path: &Path) -> io::Result<Vec<u8>> {

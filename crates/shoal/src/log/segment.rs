@@ -38,7 +38,7 @@ pub(crate) fn create(vfs: &dyn Vfs, dir: &Path, start: u64) -> Result<Box<dyn VF
                     ),
                 });
             }
-            vfs.open_append(&p).map_err(on("open", &p))?
+            vfs.open_write(&p).map_err(on("open", &p))?
         }
         Err(e) => return Err(crate::vfs::io_error("create", &p, e)),
     };
@@ -94,7 +94,9 @@ pub(crate) struct LogScan {
 /// that do not decode, after which no whole record follows. It is cut off, and the cut bytes
 /// are first kept in `torn-<LSN>.bin` beside the segment (open never destroys bytes it could
 /// not read). Bytes that do not decode but are followed by a whole record are damage to
-/// committed data: `Error::Corrupt` with the file and offset, and nothing is changed.
+/// committed data: `Error::Corrupt` with the file and offset, and nothing is changed. Zeros
+/// from a record boundary to the end of the last segment are the zeros the flusher writes
+/// ahead of the log (a crash left them): they end the log, and are cut.
 pub(crate) fn replay(
     vfs: &dyn Vfs,
     dir: &Path,
@@ -140,16 +142,26 @@ pub(crate) fn replay(
                 Frame::Truncated => "a record is cut short".to_string(),
                 Frame::Bad(detail) => detail,
             };
+            if upto.is_none() && last && bytes[off..].iter().all(|&b| b == 0) {
+                // The end of the log, in zeros the flusher wrote ahead of it
+                // (`buffer::ALLOCATE_AHEAD`): cut them, so that the segment holds whole
+                // records only once a later one follows it.
+                truncate(vfs, p, off as u64)?;
+                break;
+            }
             if upto.is_none() && last && !has_good_record_after(&bytes, *start, off) {
-                // A torn tail: nothing whole follows. Keep its bytes aside, then cut it.
+                // A torn tail: nothing whole follows. Keep its bytes aside (up to the end of
+                // the last 4 KiB block that is not all zeros: the rest is zeros written ahead
+                // of the log), then cut it.
                 let keep = dir.join(format!("torn-{lsn:020}.bin"));
                 let _ = vfs.remove(&keep);
                 let mut f = vfs.create_new(&keep).map_err(on("create", &keep))?;
-                f.write_all(&bytes[off..]).map_err(on("write", &keep))?;
+                let kept = &bytes[off..nonzero_end(&bytes, off)];
+                f.write_all(kept).map_err(on("write", &keep))?;
                 f.sync().map_err(on("fsync", &keep))?;
                 sync_dir(vfs, dir)?;
                 truncate(vfs, p, off as u64)?;
-                torn_bytes = (bytes.len() - off) as u64;
+                torn_bytes = kept.len() as u64;
                 torn_file = Some(keep);
                 break;
             }
@@ -190,6 +202,17 @@ pub(crate) fn replay(
     })
 }
 
+/// The end of the last 4 KiB block of `bytes` (offsets within the file) that holds a byte
+/// other than zero, and not below `off`: the zeros written ahead of the log fill whole blocks
+/// (`buffer::ALLOCATE_AHEAD` is a multiple of 4 KiB), and torn bytes are kept to the end of
+/// their block, zeros included.
+fn nonzero_end(bytes: &[u8], off: usize) -> usize {
+    match bytes[off..].iter().rposition(|&b| b != 0) {
+        Some(i) => ((off + i + 1).div_ceil(4096) * 4096).min(bytes.len()),
+        None => off,
+    }
+}
+
 /// True if a whole, checksummed record placed where it lies starts anywhere after `off` (then
 /// damage at `off` is corruption of committed data, not a torn tail).
 fn has_good_record_after(bytes: &[u8], start: u64, off: usize) -> bool {
@@ -202,7 +225,7 @@ fn has_good_record_after(bytes: &[u8], start: u64, off: usize) -> bool {
 }
 
 fn truncate(vfs: &dyn Vfs, p: &Path, len: u64) -> Result<()> {
-    let mut f = vfs.open_append(p).map_err(on("open", p))?;
+    let mut f = vfs.open_write(p).map_err(on("open", p))?;
     f.set_len(len).map_err(on("truncate", p))?;
     f.sync().map_err(on("fsync", p))
 }

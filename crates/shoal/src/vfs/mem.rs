@@ -4,8 +4,8 @@
 //! durable; every directory has its current entries and the entries its last completed
 //! directory fsync made durable. [`MemFs::power_loss`] builds the file system a machine would
 //! find after losing power now: each directory as of its last fsync, each file as of its last
-//! fsync plus, at 512-byte granularity, a random part of what was appended after it (a torn
-//! write). Creations, renames and removals not made durable by a directory fsync are undone.
+//! fsync plus, at 512-byte granularity, a random prefix of what was written (appended, or
+//! written in place) after it (a torn write). Creations, renames and removals not made durable by a directory fsync are undone.
 //!
 //! [`MemFs::fail_at`] makes the N-th mutating operation (create, write, fsync, truncate,
 //! rename, remove, directory fsync; counted from 0) fail with `EIO` or `ENOSPC`, once or from
@@ -144,20 +144,24 @@ impl MemFs {
             rng
         };
         self.derive(true, |i| {
-            if i.data.len() > i.synced.len() && i.data.starts_with(&i.synced) {
-                // Cut points: the synced end, every sector boundary after it, the end.
-                let first = i.synced.len().div_ceil(512) * 512;
-                let mut cuts = vec![i.synced.len()];
-                cuts.extend(
-                    (first..i.data.len())
-                        .step_by(512)
-                        .filter(|&c| c > i.synced.len()),
-                );
-                cuts.push(i.data.len());
-                i.data[..cuts[(next() % cuts.len() as u64) as usize]].to_vec()
-            } else {
-                i.synced.clone()
+            // The first byte written since the last fsync; nothing changed: the synced bytes.
+            let n = i.data.len().max(i.synced.len());
+            let Some(p) = (0..n).find(|&k| i.data.get(k) != i.synced.get(k)) else {
+                return i.synced.clone();
+            };
+            // Cut points: that byte, every sector boundary after it, the end. What lies before
+            // the cut is new, what lies after it is as synced: writes reach the disk in order,
+            // whole sectors at a time (a torn write), and an unsynced truncation is undone.
+            let first = p.div_ceil(512) * 512;
+            let mut cuts = vec![p.min(i.data.len())];
+            cuts.extend((first..i.data.len()).step_by(512).filter(|&c| c > p));
+            cuts.push(i.data.len());
+            let c = cuts[(next() % cuts.len() as u64) as usize];
+            let mut out = i.data[..c].to_vec();
+            if i.synced.len() > c {
+                out.extend_from_slice(&i.synced[c..]);
             }
+            out
         })
     }
 
@@ -248,6 +252,34 @@ impl VFile for MemFile {
         Ok(())
     }
 
+    fn write_at(&mut self, offset: u64, buf: &[u8]) -> io::Result<()> {
+        let mut st = self.st.lock();
+        let res = st.check("write", &self.path);
+        let n = match &res {
+            Ok(()) => buf.len(),
+            Err(_) if st.fault() == Some(Fault::NoSpace) => buf.len() / 2,
+            Err(_) => 0,
+        };
+        let data = &mut st.inodes[self.ino].data;
+        let at = offset as usize;
+        if n > 0 && data.len() < at + n {
+            data.resize(at + n, 0);
+        }
+        let from = at.min(data.len());
+        data[from..][..n].copy_from_slice(&buf[..n]);
+        res
+    }
+
+    fn allocate(&mut self, len: u64) -> io::Result<()> {
+        let mut st = self.st.lock();
+        st.check("write", &self.path)?;
+        let data = &mut st.inodes[self.ino].data;
+        if (data.len() as u64) < len {
+            data.resize(len as usize, 0);
+        }
+        Ok(())
+    }
+
     fn sync(&mut self) -> io::Result<()> {
         let mut st = self.st.lock();
         st.check("fsync", &self.path)?;
@@ -316,7 +348,7 @@ impl Vfs for MemFs {
         }))
     }
 
-    fn open_append(&self, path: &Path) -> io::Result<Box<dyn VFile>> {
+    fn open_write(&self, path: &Path) -> io::Result<Box<dyn VFile>> {
         let ino = self.st.lock().lookup(path)?;
         Ok(Box::new(MemFile {
             st: Arc::clone(&self.st),
@@ -400,6 +432,31 @@ mod tests {
                 a.len()
             );
         }
+    }
+
+    #[test]
+    fn power_loss_keeps_a_sector_prefix_of_writes_in_place() {
+        let fs = MemFs::new();
+        let d = Path::new("/db");
+        fs.create_dir_all(d).unwrap();
+        let mut a = fs.create_new(&d.join("a")).unwrap();
+        a.allocate(4096).unwrap();
+        a.write_at(0, &[1; 100]).unwrap();
+        a.sync().unwrap();
+        fs.sync_dir(d).unwrap();
+        a.write_at(100, &[2; 1000]).unwrap(); // unsynced, in place over the zeros
+        let mut seen = HashSet::new();
+        for seed in 0..40 {
+            let after = fs.power_loss(seed);
+            let a = &after.files()[&d.join("a")];
+            assert_eq!(a.len(), 4096, "in-place writes keep the size");
+            assert_eq!(&a[..100], &[1; 100]);
+            let new = a[100..].iter().take_while(|&&b| b == 2).count();
+            assert!(a[100 + new..].iter().all(|&b| b == 0), "seed {seed}");
+            assert!([0, 412, 924, 1000].contains(&new), "{new}");
+            seen.insert(new);
+        }
+        assert!(seen.len() > 2, "the cut varies: {seen:?}");
     }
 
     #[test]

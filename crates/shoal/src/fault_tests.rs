@@ -496,3 +496,38 @@ fn a_reader_waiting_on_a_failed_commit_never_sees_its_writes() {
         });
     }
 }
+
+#[test]
+fn a_disk_too_full_for_the_zeros_ahead_still_takes_the_commits_that_fit() {
+    let fs = MemFs::new();
+    let db =
+        Database::open_on(Arc::new(fs.clone()), Path::new(DIR), Options::default()).expect("open");
+    // The next mutating operation is the first flush's extension of the log segment with
+    // zeros ahead of the log: the disk has no room for them, once.
+    fs.fail_at(fs.ops(), Fault::NoSpace, false);
+    let t = db
+        .create_table("t")
+        .expect("the flush writes its own bytes when the zeros ahead do not fit");
+    db.run(|tx| tx.put(&t, b"k", b"v")).expect("a later commit");
+    let what = fs.injected().expect("the fault was injected");
+    assert!(
+        what.starts_with("write ") && what.ends_with(".seg"),
+        "the failed operation was {what:?}, not the segment's extension"
+    );
+    drop(db);
+    let mut afters: Vec<MemFs> = (0..8).map(|s| fs.power_loss(s)).collect();
+    afters.push(fs.snapshot());
+    for after in afters {
+        let db =
+            Database::open_on(Arc::new(after), Path::new(DIR), Options::default()).expect("reopen");
+        let t = db
+            .table("t")
+            .expect("the table's creation was acknowledged");
+        let v = db.run(|tx| tx.get(&t, b"k")).expect("read");
+        assert_eq!(
+            v.as_deref(),
+            Some(&b"v"[..]),
+            "the acknowledged commit is there"
+        );
+    }
+}

@@ -441,9 +441,11 @@ struct Segment {
     file: Box<dyn VFile>,
     /// The LSN at its byte 0.
     start: u64,
-    /// Its length: the log bytes written to it, then zeros written ahead of them
-    /// ([`ALLOCATE_AHEAD`]).
+    /// How far it is known to hold bytes: the log bytes written to it, then zeros written
+    /// ahead of them ([`ALLOCATE_AHEAD`]). After a failed extension the file may be longer.
     allocated: u64,
+    /// Set while the file may be longer than `allocated` (an extension failed half way).
+    longer: bool,
 }
 
 /// How far ahead of the log's end a segment's file is extended with zeros, at most. Appending
@@ -460,11 +462,38 @@ impl Segment {
     /// last, or the last after a clean shutdown, holds whole records only.
     fn trim(&mut self, end: u64, path: &Path) -> Result<()> {
         let len = end - self.start;
-        if self.allocated > len {
+        if self.allocated > len || self.longer {
             self.file.set_len(len).map_err(on("truncate", path))?;
             self.file.sync().map_err(on("fsync", path))?;
             self.allocated = len;
+            self.longer = false;
         }
+        Ok(())
+    }
+
+    /// Makes sure the file holds bytes up to `end` (relative to the segment's start),
+    /// writing zeros up to a multiple of `step` past it. On a disk too full for that, it
+    /// writes zeros only up to `end` (the flush's own bytes): the log goes on as long as the
+    /// disk has room for its records, as an appending log would.
+    fn extend(&mut self, end: u64, step: u64, path: &Path) -> Result<()> {
+        if end <= self.allocated {
+            return Ok(());
+        }
+        let len = end.div_ceil(step) * step;
+        match self.file.allocate(len) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::StorageFull && len > end => {
+                self.longer = true;
+                self.file.allocate(end).map_err(on("write", path))?;
+                self.allocated = end;
+                return Ok(());
+            }
+            Err(e) => {
+                self.longer = true;
+                return Err(on("write", path)(e));
+            }
+        }
+        self.allocated = len;
         Ok(())
     }
 }
@@ -474,6 +503,7 @@ fn flusher_main(sh: Arc<LogShared>, cfg: LogConfig, file: Box<dyn VFile>, start:
         file,
         start,
         allocated: 0,
+        longer: false,
     };
     let mut durable = start;
     loop {
@@ -552,12 +582,8 @@ fn flush_range(
     }
     // Zeros ahead of the writes (see `ALLOCATE_AHEAD`), made durable by this flush's fsync.
     let end = to - seg.start;
-    if end > seg.allocated {
-        let step = ALLOCATE_AHEAD.min(cfg.segment_size.max(1).next_multiple_of(1 << 12));
-        let len = end.div_ceil(step) * step;
-        seg.file.allocate(len).map_err(on("write", &path))?;
-        seg.allocated = len;
-    }
+    let step = ALLOCATE_AHEAD.min(cfg.segment_size.max(1).next_multiple_of(1 << 12));
+    seg.extend(end, step, &path)?;
     let cap = sh.cap as u64;
     let mut at = from;
     while at < to {
@@ -581,6 +607,7 @@ fn flush_range(
             file: segment::create(&*cfg.vfs, &cfg.dir, to)?,
             start: to,
             allocated: 0,
+            longer: false,
         };
     }
     Ok(())

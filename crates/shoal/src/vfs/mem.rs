@@ -5,7 +5,8 @@
 //! directory fsync made durable. [`MemFs::power_loss`] builds the file system a machine would
 //! find after losing power now: each directory as of its last fsync, each file as of its last
 //! fsync plus, at 512-byte granularity, a random prefix of what was written (appended, or
-//! written in place) after it (a torn write). Creations, renames and removals not made durable by a directory fsync are undone.
+//! written in place) after it (a torn write). Creations, renames and removals not made
+//! durable by a directory fsync are undone.
 //!
 //! [`MemFs::fail_at`] makes the N-th mutating operation (create, write, fsync, truncate,
 //! rename, remove, directory fsync; counted from 0) fail with `EIO` or `ENOSPC`, once or from
@@ -240,16 +241,8 @@ struct MemFile {
 
 impl VFile for MemFile {
     fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
-        let mut st = self.st.lock();
-        if let Err(e) = st.check("write", &self.path) {
-            if st.fault() == Some(Fault::NoSpace) {
-                let half = buf.len() / 2;
-                st.inodes[self.ino].data.extend_from_slice(&buf[..half]);
-            }
-            return Err(e);
-        }
-        st.inodes[self.ino].data.extend_from_slice(buf);
-        Ok(())
+        let end = self.st.lock().inodes[self.ino].data.len() as u64;
+        self.write_at(end, buf)
     }
 
     fn write_at(&mut self, offset: u64, buf: &[u8]) -> io::Result<()> {

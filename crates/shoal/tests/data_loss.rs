@@ -17,7 +17,7 @@ use std::time::Instant;
 mod common;
 
 use common::dump;
-use shoal::log::record::{decode_frame_at, Frame, LogRecord};
+use shoal::log::record::{decode_frame_at, Frame, LogRecord, FLUSH_START};
 use shoal::{ConcurrencyControl, Database, Error, LogMode, Options, Table};
 
 // ---------------------------------------------------------------------------------------------
@@ -70,7 +70,8 @@ fn files_named(dir: &Path, prefix: &str, suffix: &str) -> Vec<PathBuf> {
 }
 
 /// Splits a segment's bytes into frames `(offset, size)` by their length fields
-/// (`len u32 | crc u32 | payload[len]`); the frames must tile the file exactly.
+/// (`len u32 | crc u32 | payload[len]`, `len`'s top bit marking a flush's first frame); the
+/// frames must tile the file exactly.
 fn frames(bytes: &[u8]) -> Vec<(usize, usize)> {
     let mut v = Vec::new();
     let mut off = 0;
@@ -79,7 +80,8 @@ fn frames(bytes: &[u8]) -> Vec<(usize, usize)> {
             off + 8 <= bytes.len(),
             "a frame header at {off} is cut short"
         );
-        let len = u32::from_le_bytes(bytes[off..off + 4].try_into().expect("4 bytes")) as usize;
+        let len = (u32::from_le_bytes(bytes[off..off + 4].try_into().expect("4 bytes"))
+            & !FLUSH_START) as usize;
         let size = 8 + len;
         assert!(
             off + size <= bytes.len(),

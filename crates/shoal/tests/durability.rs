@@ -110,7 +110,9 @@ fn log_end(seg: &Path) -> u64 {
     let bytes = std::fs::read(seg).expect("read segment");
     let mut off = 0usize;
     while let Some(h) = bytes.get(off..off + 8) {
-        let len = u32::from_le_bytes(h[..4].try_into().expect("4 bytes")) as usize;
+        // The top bit marks a flush's first frame.
+        let len = (u32::from_le_bytes(h[..4].try_into().expect("4 bytes"))
+            & !shoal::log::record::FLUSH_START) as usize;
         if len == 0 {
             break;
         }

@@ -242,8 +242,9 @@ impl Database {
     /// every other opener (another handle or process) until the last handle is dropped.
     ///
     /// With a log ([`Options::log`] other than [`LogMode::None`]) opening recovers: it loads
-    /// the newest checkpoint, replays the log after it, cuts a torn tail (a flush cut short by
-    /// a crash; its bytes are kept in a `torn-<LSN>.bin` file beside the log) and reports
+    /// the newest checkpoint, replays the log after it, cuts a torn tail (damage in the log's
+    /// last flush, which a crash may cut short with its sectors reaching the disk in any
+    /// order; its bytes are kept in a `torn-<LSN>.bin` file beside the log) and reports
     /// anything else that does not decode as [`Error::Corrupt`] naming the file and offset,
     /// changing nothing. [`recovery_stats`](Self::recovery_stats) tells what it did. With
     /// [`LogMode::None`] a directory that holds a log is recovered the same way, and later

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use super::record::{frame_salt, FRAME_HEADER};
+use super::record::{frame_salt, mark_flush_start, FLUSH_START, FRAME_HEADER};
 use super::segment;
 use crate::error::{Error, Result};
 use crate::vfs::{on, VFile, Vfs};
@@ -175,6 +175,58 @@ impl LogShared {
             std::ptr::copy_nonoverlapping(src.as_ptr(), base.add(start), first);
             if first < src.len() {
                 std::ptr::copy_nonoverlapping(src.as_ptr().add(first), base, src.len() - first);
+            }
+        }
+    }
+
+    /// Marks the frame at LSN `at` as the first of a flush (`record::mark_flush_start`).
+    ///
+    /// # Safety
+    /// The caller is the flusher, `at` is the start of a frame lying wholly in
+    /// `[durable, released)`: its inserter has released it and nobody else touches it.
+    unsafe fn mark_flush_start(&self, at: u64) {
+        let cap = self.cap;
+        let start = (at % cap as u64) as usize;
+        let mut head = [0u8; FRAME_HEADER];
+        // SAFETY: the header's bytes belong to the flusher alone (see above).
+        unsafe { self.copy_out(at, &mut head) };
+        let len =
+            (u32::from_le_bytes([head[0], head[1], head[2], head[3]]) & !FLUSH_START) as usize;
+        let size = (FRAME_HEADER + len).min(cap);
+        if start + size <= cap {
+            // SAFETY: `start..start + size` lies inside the ring and holds the frame, which
+            // belongs to the flusher alone; no other reference to these bytes exists.
+            let frame = unsafe {
+                let base = (*self.ring.data.get()).as_mut_ptr();
+                std::slice::from_raw_parts_mut(base.add(start), size)
+            };
+            mark_flush_start(frame, at);
+        } else {
+            // The frame wraps around the ring: mark a copy and put it back.
+            let mut frame = vec![0u8; size];
+            // SAFETY: as above, for the whole frame.
+            unsafe { self.copy_out(at, &mut frame) };
+            mark_flush_start(&mut frame, at);
+            // SAFETY: as above.
+            unsafe { self.copy_in(at, &frame) };
+        }
+    }
+
+    /// Copies the bytes of the ring at the positions of LSN `at` onwards (wrapping around)
+    /// into `dst`.
+    ///
+    /// # Safety
+    /// Nobody writes `[at, at + dst.len())` meanwhile, and `dst` is at most the ring's size.
+    unsafe fn copy_out(&self, at: u64, dst: &mut [u8]) {
+        let start = (at % self.cap as u64) as usize;
+        let first = dst.len().min(self.cap - start);
+        // SAFETY: both source ranges lie inside the ring (`first <= cap - start`, the rest is
+        // shorter than `cap`); nobody writes them (the caller's contract).
+        unsafe {
+            let base = (*self.ring.data.get()).as_ptr();
+            std::ptr::copy_nonoverlapping(base.add(start), dst.as_mut_ptr(), first);
+            if first < dst.len() {
+                std::ptr::copy_nonoverlapping(base, dst.as_mut_ptr().add(first), dst.len() - first);
             }
         }
     }
@@ -584,6 +636,9 @@ fn flush_range(
     let end = to - seg.start;
     let step = ALLOCATE_AHEAD.min(cfg.segment_size.max(1).next_multiple_of(1 << 12));
     seg.extend(end, step, &path)?;
+    // SAFETY: this is the flusher; `from` (the durable end) starts a frame, and the frames of
+    // `[from, to)` are released.
+    unsafe { sh.mark_flush_start(from) };
     let cap = sh.cap as u64;
     let mut at = from;
     while at < to {

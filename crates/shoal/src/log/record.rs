@@ -12,11 +12,20 @@
 //! frame copied elsewhere (a log record stored inside a value, a segment file under the wrong
 //! name) reads as damage, not as a record, so recovery can tell a torn tail from a damaged
 //! record that valid records follow.
+//!
+//! The top bit of `len` ([`FLUSH_START`]) marks the first frame of each flush of the log: the
+//! flusher sets it (and recomputes the checksum) just before it writes the flush. A flush is
+//! written only once the one before it is durable, so a whole frame marked so, lying after a
+//! damaged one, proves the damaged frame was durable: damage to committed data, not the torn
+//! tail of the flush a crash cut short (whose sectors may reach the disk in any order).
 
 /// Bytes of frame header before the payload.
 pub const FRAME_HEADER: usize = 8;
 /// Largest payload accepted when decoding (guards against reading garbage lengths).
 pub const MAX_PAYLOAD: usize = 1 << 30;
+/// The bit of a frame's `len` field that marks the first frame of a flush of the log (see the
+/// module documentation); the payload's length is the field without it.
+pub const FLUSH_START: u32 = 1 << 31;
 
 const KIND_CREATE_TABLE: u8 = 1;
 const KIND_COMMIT: u8 = 2;
@@ -219,7 +228,7 @@ pub fn decode_frame_at(buf: &[u8], at: u64) -> Frame {
     if buf.len() < FRAME_HEADER {
         return Frame::Truncated;
     }
-    let len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
+    let len = (u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) & !FLUSH_START) as usize;
     let crc = u32::from_le_bytes([buf[4], buf[5], buf[6], buf[7]]) ^ frame_salt(at);
     if len > MAX_PAYLOAD {
         return Frame::Bad(format!("implausible record length {len}"));
@@ -237,6 +246,29 @@ pub fn decode_frame_at(buf: &[u8], at: u64) -> Frame {
         Ok(r) => Frame::Record(r, FRAME_HEADER + len),
         Err(e) => Frame::Bad(e),
     }
+}
+
+/// True if the frame at the start of `buf` carries the [`FLUSH_START`] mark (meaningful only
+/// for a frame that [`decode_frame_at`] found whole: the checksum covers the mark).
+pub fn starts_flush(buf: &[u8]) -> bool {
+    buf.get(3).is_some_and(|b| b & 0x80 != 0)
+}
+
+/// Marks the whole frame at the start of `frame`, placed at position `at`, as the first of a
+/// flush ([`FLUSH_START`]), recomputing its checksum (a no-op if `frame` is shorter than
+/// the frame).
+pub fn mark_flush_start(frame: &mut [u8], at: u64) {
+    let Some(head) = frame.get(..FRAME_HEADER) else {
+        return;
+    };
+    let raw = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) | FLUSH_START;
+    let len = (raw & !FLUSH_START) as usize;
+    let Some(payload) = frame.get(FRAME_HEADER..FRAME_HEADER + len) else {
+        return;
+    };
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&raw.to_le_bytes()), payload);
+    frame[..4].copy_from_slice(&raw.to_le_bytes());
+    frame[4..8].copy_from_slice(&(crc ^ frame_salt(at)).to_le_bytes());
 }
 
 struct Reader<'a> {
@@ -381,6 +413,24 @@ mod tests {
             let bytes = rec.encode();
             assert_eq!(decode_frame(&bytes), Frame::Record(rec, bytes.len()));
         }
+    }
+
+    #[test]
+    fn a_flush_start_mark_keeps_the_frame_whole_and_is_checksummed() {
+        let rec = sample();
+        let mut bytes = rec.encode();
+        place_frame(&mut bytes, 0, 777);
+        assert!(!starts_flush(&bytes));
+        mark_flush_start(&mut bytes, 777);
+        assert!(starts_flush(&bytes));
+        assert_eq!(
+            decode_frame_at(&bytes, 777),
+            Frame::Record(rec, bytes.len())
+        );
+        // The mark is under the checksum: clearing it is damage.
+        let mut cleared = bytes.clone();
+        cleared[3] &= 0x7f;
+        assert!(matches!(decode_frame_at(&cleared, 777), Frame::Bad(_)));
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::record::{decode_frame_at, Frame, LogRecord};
+use super::record::{decode_frame_at, starts_flush, Frame, LogRecord, FRAME_HEADER};
 use crate::error::{Error, Result};
 use crate::vfs::{on, VFile, Vfs};
 
@@ -90,11 +90,13 @@ pub(crate) struct LogScan {
 /// With `upto` the read is of a log known durable up to there (a checkpoint looking up
 /// committed values): it writes nothing, and anything below `upto` that does not decode is
 /// `Error::Corrupt`, as is a log ending below it. Without `upto` (recovery), the end of the
-/// last segment may hold a torn tail (a flush cut short by a crash): bytes
-/// that do not decode, after which no whole record follows. It is cut off, and the cut bytes
-/// are first kept in `torn-<LSN>.bin` beside the segment (open never destroys bytes it could
-/// not read). Bytes that do not decode but are followed by a whole record are damage to
-/// committed data: `Error::Corrupt` with the file and offset, and nothing is changed. Zeros
+/// last segment may hold a torn tail (the last flush, cut short by a crash, with any of its
+/// sectors lost): bytes that do not decode, after which no whole frame starts a later flush
+/// (whole frames of the same flush may follow). It is cut off, and the cut bytes are first
+/// kept in `torn-<LSN>.bin` beside the segment (open never destroys bytes it could not
+/// read). Bytes that do not decode but are followed by the whole first frame of a later
+/// flush were durable: damage to committed data, `Error::Corrupt` with the file and offset,
+/// and nothing is changed. Zeros
 /// from a record boundary to the end of the last segment are the zeros the flusher writes
 /// ahead of the log (a crash left them): they end the log, and are cut.
 pub(crate) fn replay(
@@ -149,7 +151,7 @@ pub(crate) fn replay(
                 truncate(vfs, p, off as u64)?;
                 break;
             }
-            if upto.is_none() && last && !has_good_record_after(&bytes, *start, off) {
+            if upto.is_none() && last && !flush_starts_after(&bytes, *start, off) {
                 // A torn tail: nothing whole follows. Keep its bytes aside (up to the end of
                 // the last 4 KiB block that is not all zeros: the rest is zeros written ahead
                 // of the log), then cut it.
@@ -171,7 +173,7 @@ pub(crate) fn replay(
                 detail: if upto.is_some() {
                     format!("{detail}, below LSN {limit}, which is durable")
                 } else if last {
-                    format!("{detail}, and whole records follow it")
+                    format!("{detail}, and a later flush of the log follows it")
                 } else {
                     format!("{detail}, in a segment that is not the last")
                 },
@@ -213,14 +215,23 @@ fn nonzero_end(bytes: &[u8], off: usize) -> usize {
     }
 }
 
-/// True if a whole, checksummed record placed where it lies starts anywhere after `off` (then
-/// damage at `off` is corruption of committed data, not a torn tail).
-fn has_good_record_after(bytes: &[u8], start: u64, off: usize) -> bool {
+/// True if a whole, checksummed frame placed where it lies and marked as the first of a
+/// flush ([`FLUSH_START`](super::record::FLUSH_START)) starts anywhere after `off`. The flusher writes a flush only once
+/// the one before it is durable, so such a frame proves the bytes at `off` were durable:
+/// damage there is corruption of committed data, not a torn tail. A crash tears only the
+/// last flush, and a flush's sectors may reach the disk in any order, so whole frames may
+/// follow a hole in it; none of them starts a later flush.
+fn flush_starts_after(bytes: &[u8], start: u64, off: usize) -> bool {
     (off + 1..bytes.len()).any(|o| {
-        matches!(
-            decode_frame_at(&bytes[o..], start + o as u64),
-            Frame::Record(..)
-        )
+        // A frame's length field is never 0 (a payload holds at least its kind byte): skip
+        // the zeros written ahead of the log without decoding them.
+        bytes[o..].len() >= FRAME_HEADER
+            && bytes[o..o + 4] != [0; 4]
+            && starts_flush(&bytes[o..])
+            && matches!(
+                decode_frame_at(&bytes[o..], start + o as u64),
+                Frame::Record(..)
+            )
     })
 }
 

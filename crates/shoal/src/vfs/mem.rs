@@ -4,9 +4,10 @@
 //! durable; every directory has its current entries and the entries its last completed
 //! directory fsync made durable. [`MemFs::power_loss`] builds the file system a machine would
 //! find after losing power now: each directory as of its last fsync, each file as of its last
-//! fsync plus, at 512-byte granularity, a random prefix of what was written (appended, or
-//! written in place) after it (a torn write). Creations, renames and removals not made
-//! durable by a directory fsync are undone.
+//! fsync plus, at 512-byte granularity, some of what was written (appended, or written in
+//! place) after it (a torn write): a random prefix, or a random subset of its sectors
+//! ([`Tear`]). Creations, renames and removals not made durable by a directory fsync are
+//! undone.
 //!
 //! [`MemFs::fail_at`] makes the N-th mutating operation (create, write, fsync, truncate,
 //! rename, remove, directory fsync; counted from 0) fail with `EIO` or `ENOSPC`, once or from
@@ -20,6 +21,19 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use super::{DirLock, VFile, Vfs};
+
+/// How a power loss tears what was written since the last fsync.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Tear {
+    /// Writes reach the disk in order, whole sectors at a time: a prefix of them survives
+    /// (the last sector it keeps maybe only in part), the rest is as synced. An unsynced
+    /// truncation is undone.
+    Prefix,
+    /// Each changed 512-byte sector survives or not independently, as a disk with a write
+    /// cache and no ordering between the sectors of unsynced writes may leave it; the
+    /// file's size is its current or its synced one.
+    Scattered,
+}
 
 /// The error an injected fault raises.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -134,9 +148,20 @@ impl MemFs {
         self.st.lock().injected.clone()
     }
 
-    /// The file system after a power loss now; `seed` picks how much of each unsynced append
-    /// survives (whole 512-byte sectors).
+    /// The file system after a power loss now: [`Tear::Prefix`] for even seeds,
+    /// [`Tear::Scattered`] for odd ones; `seed` also picks what survives.
     pub(crate) fn power_loss(&self, seed: u64) -> MemFs {
+        let tear = if seed.is_multiple_of(2) {
+            Tear::Prefix
+        } else {
+            Tear::Scattered
+        };
+        self.power_loss_with(seed, tear)
+    }
+
+    /// The file system after a power loss now, torn as `tear` says; `seed` picks what of
+    /// each file's unsynced writes survives (whole 512-byte sectors).
+    pub(crate) fn power_loss_with(&self, seed: u64, tear: Tear) -> MemFs {
         let mut rng = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
         let mut next = move || {
             rng ^= rng << 13;
@@ -150,19 +175,46 @@ impl MemFs {
             let Some(p) = (0..n).find(|&k| i.data.get(k) != i.synced.get(k)) else {
                 return i.synced.clone();
             };
-            // Cut points: that byte, every sector boundary after it, the end. What lies before
-            // the cut is new, what lies after it is as synced: writes reach the disk in order,
-            // whole sectors at a time (a torn write), and an unsynced truncation is undone.
+            // Cut points: that byte, every sector boundary after it, the end.
             let first = p.div_ceil(512) * 512;
             let mut cuts = vec![p.min(i.data.len())];
             cuts.extend((first..i.data.len()).step_by(512).filter(|&c| c > p));
             cuts.push(i.data.len());
             let c = cuts[(next() % cuts.len() as u64) as usize];
-            let mut out = i.data[..c].to_vec();
-            if i.synced.len() > c {
-                out.extend_from_slice(&i.synced[c..]);
+            match tear {
+                Tear::Prefix => {
+                    // What lies before the cut is new, what lies after it is as synced.
+                    let mut out = i.data[..c].to_vec();
+                    if i.synced.len() > c {
+                        out.extend_from_slice(&i.synced[c..]);
+                    }
+                    out
+                }
+                Tear::Scattered => {
+                    // The file is as long as it is now, or as it was synced (an unsynced
+                    // change of size survives or not); each changed sector is new or as
+                    // synced (zeros where the synced file was shorter), independently.
+                    let len = if next() % 2 == 0 {
+                        i.data.len()
+                    } else {
+                        i.synced.len()
+                    };
+                    let old = |k: usize| i.synced.get(k).copied().unwrap_or(0);
+                    let new = |k: usize| i.data.get(k).copied().unwrap_or(0);
+                    let mut out: Vec<u8> = (0..len).map(old).collect();
+                    let mut s = p / 512 * 512;
+                    while s < len {
+                        if next() % 2 == 0 {
+                            for (k, b) in out.iter_mut().enumerate().take(len.min(s + 512)).skip(s)
+                            {
+                                *b = new(k);
+                            }
+                        }
+                        s += 512;
+                    }
+                    out
+                }
             }
-            out
         })
     }
 
@@ -422,7 +474,7 @@ mod tests {
         b.sync().unwrap();
         fs.rename(&d.join("a"), &d.join("c")).unwrap(); // not durable either
         for seed in 0..20 {
-            let after = fs.power_loss(seed);
+            let after = fs.power_loss_with(seed, Tear::Prefix);
             let files = after.files();
             assert_eq!(files.keys().collect::<Vec<_>>(), vec![&d.join("a")]);
             let a = &files[&d.join("a")];
@@ -448,7 +500,7 @@ mod tests {
         a.write_at(100, &[2; 1000]).unwrap(); // unsynced, in place over the zeros
         let mut seen = HashSet::new();
         for seed in 0..40 {
-            let after = fs.power_loss(seed);
+            let after = fs.power_loss_with(seed, Tear::Prefix);
             let a = &after.files()[&d.join("a")];
             assert_eq!(a.len(), 4096, "in-place writes keep the size");
             assert_eq!(&a[..100], &[1; 100]);
@@ -458,6 +510,44 @@ mod tests {
             seen.insert(new);
         }
         assert!(seen.len() > 2, "the cut varies: {seen:?}");
+    }
+
+    #[test]
+    fn power_loss_may_keep_any_sectors_of_writes_in_place() {
+        let fs = MemFs::new();
+        let d = Path::new("/db");
+        fs.create_dir_all(d).unwrap();
+        let mut a = fs.create_new(&d.join("a")).unwrap();
+        a.allocate(4096).unwrap();
+        a.write_at(0, &[1; 100]).unwrap();
+        a.sync().unwrap();
+        fs.sync_dir(d).unwrap();
+        a.write_at(100, &[2; 2000]).unwrap(); // unsynced, in place over the zeros
+        let mut patterns = HashSet::new();
+        for seed in 0..64 {
+            let after = fs.power_loss_with(seed, Tear::Scattered);
+            let a = &after.files()[&d.join("a")];
+            assert_eq!(a.len(), 4096, "in-place writes keep the size");
+            assert_eq!(&a[..100], &[1; 100]);
+            // Sector by sector: all new or all old.
+            let sectors: Vec<bool> = (0..8)
+                .map(|s| {
+                    let lo = (s * 512).max(100);
+                    let hi = (s * 512 + 512).min(2100).max(lo);
+                    let new = a[lo..hi].iter().all(|&b| b == 2);
+                    let old = a[lo..hi].iter().all(|&b| b == 0);
+                    assert!(new || old, "seed {seed}: sector {s} is mixed");
+                    new && hi > lo
+                })
+                .collect();
+            assert!(a[2100..].iter().all(|&b| b == 0));
+            patterns.insert(sectors);
+        }
+        // Some pattern keeps a later sector without an earlier one.
+        assert!(
+            patterns.iter().any(|p| p.windows(2).any(|w| !w[0] && w[1])),
+            "{patterns:?}"
+        );
     }
 
     #[test]

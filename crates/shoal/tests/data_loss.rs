@@ -181,7 +181,15 @@ fn flip_in_first_commit_is_reported(byte: usize, bit: u8) {
     let (start, seg) = segments(dir.path()).pop().expect("a segment");
     let orig = std::fs::read(&seg).expect("read segment");
     let fr = frames(&orig);
-    assert_eq!(fr.len(), 101, "one create-table and 100 commit frames");
+    assert_eq!(
+        fr.len(),
+        102,
+        "one create-table, 100 commit frames and the clean close's"
+    );
+    assert_eq!(
+        record_at(&orig, start, fr[101].0, fr[101].1),
+        LogRecord::Close
+    );
     assert!(matches!(
         record_at(&orig, start, fr[0].0, fr[0].1),
         LogRecord::CreateTable { .. }
@@ -239,6 +247,35 @@ fn corrupt_payload_bit_in_first_commit_fails_open_instead_of_dropping_99_commits
     flip_in_first_commit_is_reported(12, 5);
 }
 
+#[test]
+fn a_flipped_bit_in_the_last_commit_of_a_cleanly_closed_log_fails_open() {
+    // The last commit's flush is the last flush of records; the clean close wrote one more
+    // (`LogRecord::Close`), so damage to that commit cannot be the torn tail of a crash.
+    let dir = tempfile::tempdir().expect("tempdir");
+    commit_n(dir.path(), Options::default(), 10);
+    let (start, seg) = segments(dir.path()).pop().expect("a segment");
+    let orig = std::fs::read(&seg).expect("read segment");
+    let fr = frames(&orig);
+    assert_eq!(fr.len(), 12, "create-table, 10 commits, close");
+    let (off, size) = fr[10];
+    match record_at(&orig, start, off, size) {
+        LogRecord::Commit { writes, .. } => assert_eq!(writes[0].key, b"k9"),
+        other => panic!("not the last commit: {other:?}"),
+    }
+    let mut bytes = orig.clone();
+    bytes[off + 12] ^= 1 << 2;
+    std::fs::write(&seg, &bytes).expect("write damaged segment");
+    let before = snapshot(dir.path());
+    let (path, offset, detail) = expect_corrupt(Database::open(dir.path(), Options::default()));
+    assert_eq!((path, offset), (seg.clone(), off as u64), "{detail}");
+    assert_eq!(snapshot(dir.path()), before, "a failed open changed files");
+    std::fs::write(&seg, &orig).expect("restore segment");
+    let db = Database::open(dir.path(), Options::default()).expect("open repaired");
+    assert_eq!(dump(&db, "t"), expected_rows(10));
+    let stats = db.recovery_stats().expect("stats");
+    assert_eq!((stats.torn_bytes, stats.log_records), (0, 11));
+}
+
 /// Options with 1 KiB log segments.
 fn small_segments() -> Options {
     Options::default().with_log_segment_size(1024)
@@ -256,21 +293,17 @@ fn hundred_commits_in_small_segments() -> (tempfile::TempDir, Vec<(u64, PathBuf)
 #[test]
 fn corrupt_frame_in_last_of_several_segments_is_reported_with_its_file_offset() {
     let (dir, segs) = hundred_commits_in_small_segments();
-    // The last segment holding records (a rotation may leave an empty one after it).
+    // The last segment holding commits (a rotation may leave one after it that is empty or
+    // holds only the clean close's record).
     let (start, seg) = segs
         .iter()
         .rev()
-        .find(|(_, p)| std::fs::metadata(p).expect("meta").len() > 0)
+        .find(|(_, p)| frames(&std::fs::read(p).expect("read")).len() >= 3)
         .cloned()
-        .expect("a non-empty segment");
+        .expect("a segment of three frames or more");
     assert_ne!(start, 0);
     let orig = std::fs::read(&seg).expect("read");
     let fr = frames(&orig);
-    assert!(
-        fr.len() >= 3,
-        "the last segment holds {} frames; need 3",
-        fr.len()
-    );
     // Damage the second frame: its file offset differs from its LSN.
     let (off, _) = fr[1];
     let mut bytes = orig.clone();
@@ -315,7 +348,10 @@ fn torn_last_frame_loses_only_the_last_commit_and_keeps_the_cut_bytes_aside() {
     commit_n(dir.path(), Options::default(), 100);
     let (start, seg) = segments(dir.path()).pop().expect("segment");
     let orig = std::fs::read(&seg).expect("read");
-    let fr = frames(&orig);
+    let mut fr = frames(&orig);
+    // A crash leaves no record of a clean close.
+    let (off, size) = fr.pop().expect("frames");
+    assert_eq!(record_at(&orig, start, off, size), LogRecord::Close);
     let &(off, size) = fr.last().expect("frames");
     match record_at(&orig, start, off, size) {
         LogRecord::Commit { writes, .. } => assert_eq!(writes[0].key, b"k99"),

@@ -60,7 +60,7 @@ pub(super) fn redo(
     let (writes, ops) = match rec {
         LogRecord::Commit { writes, .. } => (writes, Vec::new()),
         LogRecord::Ops { writes, ops, .. } => (writes, ops),
-        LogRecord::CreateTable { .. } => return Ok(0),
+        LogRecord::CreateTable { .. } | LogRecord::Close => return Ok(0),
         LogRecord::CheckpointEnd { .. } => {
             return Err(corrupt("a checkpoint marker inside the log"))
         }
@@ -135,7 +135,7 @@ pub(super) fn recover(
     }
     let mut records = 0u64;
     let scan = segment::replay(vfs, log_dir, from, None, |lsn, rec| {
-        records += 1;
+        records += u64::from(rec != LogRecord::Close);
         apply(&mut by_id, rec, (log_dir, lsn)).map(|_| ())
     })?;
     stats.log_records = records;

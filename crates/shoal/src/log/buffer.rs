@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use super::record::{frame_salt, mark_flush_start, FLUSH_START, FRAME_HEADER};
+use super::record::{frame_salt, mark_flush_start, LogRecord, FLUSH_START, FRAME_HEADER};
 use super::segment;
 use crate::error::{Error, Result};
 use crate::vfs::{on, VFile, Vfs};
@@ -242,6 +242,9 @@ impl LogShared {
 pub(crate) struct LogBuffer {
     shared: Arc<LogShared>,
     flusher: Option<std::thread::JoinHandle<()>>,
+    /// The LSN the log started at in this run: a close after records writes
+    /// [`LogRecord::Close`].
+    opened_at: u64,
 }
 
 impl LogBuffer {
@@ -280,6 +283,7 @@ impl LogBuffer {
         Ok(LogBuffer {
             shared,
             flusher: Some(flusher),
+            opened_at: start,
         })
     }
 
@@ -480,6 +484,14 @@ impl LogBuffer {
 
 impl Drop for LogBuffer {
     fn drop(&mut self) {
+        // A clean close ends the log with a flush of its own (`LogRecord::Close`), so that
+        // damage to the last flush of records is reported as corruption, not cut as a torn
+        // tail (see `segment::replay`). Nothing else inserts any more: every handle is gone.
+        if self.check().is_ok() && self.released() > self.opened_at {
+            if let Ok((_, end)) = self.insert(&LogRecord::Close.encode()) {
+                let _ = self.park_until_durable(end);
+            }
+        }
         self.shared.shutdown.store(true, Ordering::Release);
         self.shared.wake_flusher();
         if let Some(h) = self.flusher.take() {

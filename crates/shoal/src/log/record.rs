@@ -31,6 +31,7 @@ const KIND_CREATE_TABLE: u8 = 1;
 const KIND_COMMIT: u8 = 2;
 const KIND_CHECKPOINT_END: u8 = 3;
 const KIND_OPS: u8 = 4;
+const KIND_CLOSE: u8 = 5;
 
 /// One split operation in an [`LogRecord::Ops`] record (Doppel split phases).
 ///
@@ -102,6 +103,11 @@ pub enum LogRecord {
         /// Number of records in the file before this one.
         records: u64,
     },
+    /// The log was closed cleanly here: the last record a clean close writes, in a flush of
+    /// its own, so that every earlier flush is followed by a later one. Damage in the last
+    /// flush of a log reads as the torn tail of a crash; after a clean close the last flush
+    /// is this record's, and damage to any commit is reported. Replay skips it.
+    Close,
 }
 
 impl LogRecord {
@@ -136,6 +142,7 @@ impl LogRecord {
                 out.extend_from_slice(&lsn.to_le_bytes());
                 out.extend_from_slice(&records.to_le_bytes());
             }
+            LogRecord::Close => out.push(KIND_CLOSE),
         }
         let len = (out.len() - start - FRAME_HEADER) as u32;
         out[start..start + 4].copy_from_slice(&len.to_le_bytes());
@@ -355,6 +362,7 @@ fn decode_payload(payload: &[u8]) -> Result<LogRecord, String> {
             lsn: r.u64()?,
             records: r.u64()?,
         },
+        KIND_CLOSE => LogRecord::Close,
         k => return Err(format!("unknown record kind {k}")),
     };
     if r.pos != payload.len() {
@@ -409,6 +417,7 @@ mod tests {
                     op: vec![1, 2, 3],
                 }],
             },
+            LogRecord::Close,
         ] {
             let bytes = rec.encode();
             assert_eq!(decode_frame(&bytes), Frame::Record(rec, bytes.len()));

@@ -210,6 +210,12 @@ struct BenchArgs {
     #[arg(long, value_delimiter = ',', value_name = "LIST", default_value = "0", value_parser = parse_ratio)]
     update_fraction: Vec<f64>,
 
+    /// TPC-C: how a transaction's home warehouse is chosen: `random` (default, uniform per
+    /// transaction) or `thread` (worker `i` always at warehouse `i mod W + 1`, the
+    /// specification's terminals bound to their warehouse). `--home random,thread` runs both.
+    #[arg(long, value_enum, value_delimiter = ',', value_name = "LIST")]
+    home: Option<Vec<workloads::tpcc::Home>>,
+
     /// txbench: confine every access to the first 5% of each table's rows. `--hotspot` alone
     /// means `on`; `--hotspot off,on` runs both.
     #[arg(long, value_enum, value_delimiter = ',', value_name = "LIST", num_args = 0..=1,
@@ -363,6 +369,9 @@ impl BenchArgs {
             }
             (None, _) => {}
         }
+        if let Some(h) = &self.home {
+            axes.push(Axis::new("home", false, h.iter().map(|h| h.name())));
+        }
         let dists: Vec<dist::KeyDist> = self.key_dists().collect();
         if !dists.is_empty() {
             axes.push(Axis::new("dist", false, dists));
@@ -462,6 +471,9 @@ fn run_bench_into(args: &BenchArgs, records: &mut Vec<Record>) -> anyhow::Result
         if m.workload() != args.workload {
             anyhow::bail!("--mix {m} does not apply to {}", args.workload.name());
         }
+    }
+    if args.home.is_some() && args.workload != WorkloadKind::Tpcc {
+        anyhow::bail!("--home applies to tpcc only, not {}", args.workload.name());
     }
     check_lock_options(args)?;
     args.doppel.check(args.workload)?;
@@ -744,7 +756,10 @@ mod tests {
         let c = cfg("tpcb --scale 3 --read-ratio 0.1 --reverse-fraction 0.5 --zipf 0.5 --cc 2pl --threads 1");
         assert_eq!((c.scale, c.read_ratio, c.reverse_fraction), (3, 0.1, 0.5));
         assert_eq!(c.dist, Some(dist::KeyDist::Zipf(0.5)));
+        let c = cfg("tpcc --warehouses 2 --home thread --cc occ --threads 1");
+        assert_eq!(c.home, workloads::tpcc::Home::Thread);
         let c = cfg("tpcc --warehouses 2 --mix payment --cc occ --threads 1");
+        assert_eq!(c.home, workloads::tpcc::Home::Random);
         assert_eq!(c.scale, 2);
         assert_eq!(c.mix, Some(Mix::Tpcc(workloads::tpcc::Mix::Payment)));
         let c = cfg(
@@ -789,5 +804,8 @@ mod tests {
         let wrong = parse(&["tpcb", "--mix", "a", "--duration", "0.1"]).unwrap();
         let e = run_bench(&wrong).1.unwrap_err().to_string();
         assert!(e.contains("--mix a does not apply to tpcb"), "{e}");
+        let wrong = parse(&["tpcb", "--home", "thread", "--duration", "0.1"]).unwrap();
+        let e = run_bench(&wrong).1.unwrap_err().to_string();
+        assert!(e.contains("--home applies to tpcc only"), "{e}");
     }
 }

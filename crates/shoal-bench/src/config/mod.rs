@@ -230,6 +230,8 @@ pub struct RunConfig {
     /// The workload's transaction mix as given (`--mix`), if any (YCSB: `a` to `f`, default
     /// `a`; TPC-C: `full` (default), `new-order`, ...).
     pub mix: Option<Mix>,
+    /// TPC-C: how a transaction's home warehouse is chosen (`--home`; default uniform).
+    pub home: crate::workloads::tpcc::Home,
     /// txbench: rows in each table (`--table-rows`).
     pub table_rows: u64,
     /// txbench: rows per range scan (`--rows-per-scan`).
@@ -377,6 +379,12 @@ impl RunConfig {
                 clap::ValueEnum::from_str(s, false).map_err(|e| anyhow!("option variant: {e}"))?
             }
         };
+        let home = match r.text("home")? {
+            None => crate::workloads::tpcc::Home::Random,
+            Some(s) => {
+                clap::ValueEnum::from_str(s, false).map_err(|e| anyhow!("option home: {e}"))?
+            }
+        };
         let hotspot = match r.text("hotspot")? {
             None | Some("off") => false,
             Some("on") => true,
@@ -395,6 +403,7 @@ impl RunConfig {
             existing_endpoints: r.float("existing-endpoints", 0.5)?,
             field_size: usize::try_from(r.int("field-size", Some(100))?)?,
             mix,
+            home,
             table_rows: r.int("table-rows", Some(txbench::DEFAULT_ROWS))?,
             rows_per_scan: r.int("rows-per-scan", Some(10))?,
             update_fraction: r.float("update-fraction", 0.0)?,

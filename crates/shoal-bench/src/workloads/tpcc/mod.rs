@@ -38,7 +38,10 @@
 //!
 //! **Transactions** (clause 2), mix 45% NewOrder, 43% Payment, 4% each OrderStatus, Delivery,
 //! StockLevel (or one of them alone, `--mix`). The home warehouse and district are uniform per
-//! transaction (no terminals). NewOrder: 5-15 lines, items NURand(8191), 1% of lines from a
+//! transaction by default (`--home random`: no terminals); `--home thread` binds worker `i` to
+//! home warehouse `i mod W + 1`, as the specification's terminals are bound to theirs (clause
+//! 4.2.2) and as Silo's and most papers' drivers bind a worker thread to a warehouse; the
+//! district stays uniform. NewOrder: 5-15 lines, items NURand(8191), 1% of lines from a
 //! remote warehouse (when W > 1), 1% of transactions with an unused item as the last line,
 //! which the harness rolls back as an expected rollback; its lines are sorted by (supply
 //! warehouse, item) so that concurrent NewOrders lock stock rows in one order. Payment: 60% by
@@ -131,6 +134,27 @@ const PAYMENT: usize = 1;
 const ORDER_STATUS: usize = 2;
 const DELIVERY: usize = 3;
 const STOCK_LEVEL: usize = 4;
+
+/// `--home`: how a transaction's home warehouse is chosen.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Home {
+    /// Uniform over the warehouses, for every transaction.
+    #[default]
+    Random,
+    /// Worker `i`'s home warehouse is `i mod W + 1`, for all its transactions (the
+    /// specification's terminals, each bound to one warehouse).
+    Thread,
+}
+
+impl Home {
+    /// The command-line name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Home::Random => "random",
+            Home::Thread => "thread",
+        }
+    }
+}
 
 /// The database's size.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -721,6 +745,8 @@ impl Txn {
 pub struct TpccWorker {
     rng: SmallRng,
     mix: Mix,
+    /// The home warehouse of every transaction (`--home thread`), or `None`: uniform.
+    home: Option<u32>,
     thread: u16,
     seq: u64,
     cur: Txn,
@@ -758,6 +784,10 @@ impl Workload for Tpcc {
                 .mix
                 .and_then(crate::config::Mix::tpcc)
                 .unwrap_or(Mix::Full),
+            home: match cfg.home {
+                Home::Random => None,
+                Home::Thread => Some(u32::from(thread) % self.scale.warehouses + 1),
+            },
             thread,
             seq: u64::from(run) << 48,
             cur: Txn::StockLevel {
@@ -783,7 +813,7 @@ impl Workload for Tpcc {
             Mix::Delivery => DELIVERY,
             Mix::StockLevel => STOCK_LEVEL,
         };
-        w.cur = self.draw(&mut w.rng, kind);
+        w.cur = self.draw(&mut w.rng, kind, w.home);
     }
 
     /// Under optimistic concurrency control a transaction may read another's commit half

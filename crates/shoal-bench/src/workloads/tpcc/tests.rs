@@ -16,9 +16,10 @@ fn worker(t: &Tpcc, thread: u16, mix: Mix) -> TpccWorker {
     TpccWorker {
         rng: SmallRng::seed_from_u64(u64::from(thread) + 99),
         mix,
+        home: None,
         thread,
         seq: 0,
-        cur: t.draw(&mut SmallRng::seed_from_u64(1), STOCK_LEVEL),
+        cur: t.draw(&mut SmallRng::seed_from_u64(1), STOCK_LEVEL, None),
     }
 }
 
@@ -173,6 +174,27 @@ fn tiny_run(cc: shoal::ConcurrencyControl) {
     // Deliveries happened: fewer new orders than loaded plus created.
     let no = db.run(|tx| tx.scan(&t.new_order, ..)).unwrap().len() as u64;
     assert!(no < 2 * 10 * 9 + per[NEW_ORDER].0, "{no}");
+}
+
+#[test]
+fn a_worker_bound_to_its_home_warehouse_draws_only_there() {
+    let (_db, t) = tiny(3);
+    for thread in 0..5u16 {
+        let mut w = worker(&t, thread, Mix::Full);
+        let home = u32::from(thread) % 3 + 1;
+        w.home = Some(home);
+        for _ in 0..2_000 {
+            t.next(&mut w);
+            let wh = match &w.cur {
+                Txn::NewOrder { w, .. }
+                | Txn::Payment { w, .. }
+                | Txn::OrderStatus { w, .. }
+                | Txn::Delivery { w, .. }
+                | Txn::StockLevel { w, .. } => *w,
+            };
+            assert_eq!(wh, home, "thread {thread}");
+        }
+    }
 }
 
 #[test]

@@ -26,10 +26,11 @@ impl Tpcc {
         }
     }
 
-    /// Draws the inputs of a transaction of type `kind`.
-    pub(super) fn draw(&self, rng: &mut SmallRng, kind: usize) -> Txn {
+    /// Draws the inputs of a transaction of type `kind`, at home warehouse `home` if given
+    /// (else uniform).
+    pub(super) fn draw(&self, rng: &mut SmallRng, kind: usize, home: Option<u32>) -> Txn {
         let s = &self.scale;
-        let w = rng.gen_range(1..=s.warehouses);
+        let w = home.unwrap_or_else(|| rng.gen_range(1..=s.warehouses));
         let d = rng.gen_range(1..=s.districts);
         let other_w = |rng: &mut SmallRng| {
             let o = rng.gen_range(1..s.warehouses);

@@ -487,8 +487,9 @@ mod tests {
         }
     }
 
-    #[test]
-    fn power_loss_keeps_a_sector_prefix_of_writes_in_place() {
+    /// `/db/a`: 4096 bytes allocated, its first 100 ones synced, then `n` bytes written in
+    /// place after them, unsynced, over the zeros.
+    fn in_place_over_zeros(n: usize) -> (MemFs, &'static Path) {
         let fs = MemFs::new();
         let d = Path::new("/db");
         fs.create_dir_all(d).unwrap();
@@ -497,7 +498,13 @@ mod tests {
         a.write_at(0, &[1; 100]).unwrap();
         a.sync().unwrap();
         fs.sync_dir(d).unwrap();
-        a.write_at(100, &[2; 1000]).unwrap(); // unsynced, in place over the zeros
+        a.write_at(100, &vec![2; n]).unwrap();
+        (fs, d)
+    }
+
+    #[test]
+    fn power_loss_keeps_a_sector_prefix_of_writes_in_place() {
+        let (fs, d) = in_place_over_zeros(1000);
         let mut seen = HashSet::new();
         for seed in 0..40 {
             let after = fs.power_loss_with(seed, Tear::Prefix);
@@ -514,15 +521,7 @@ mod tests {
 
     #[test]
     fn power_loss_may_keep_any_sectors_of_writes_in_place() {
-        let fs = MemFs::new();
-        let d = Path::new("/db");
-        fs.create_dir_all(d).unwrap();
-        let mut a = fs.create_new(&d.join("a")).unwrap();
-        a.allocate(4096).unwrap();
-        a.write_at(0, &[1; 100]).unwrap();
-        a.sync().unwrap();
-        fs.sync_dir(d).unwrap();
-        a.write_at(100, &[2; 2000]).unwrap(); // unsynced, in place over the zeros
+        let (fs, d) = in_place_over_zeros(2000);
         let mut patterns = HashSet::new();
         for seed in 0..64 {
             let after = fs.power_loss_with(seed, Tear::Scattered);

@@ -85,7 +85,15 @@ pub fn run(dir: &PathBuf, tables: bool) -> anyhow::Result<()> {
         log_bytes as f64 / 1e6,
         s.torn_bytes
     );
-    println!("  end LSN:      {}", s.end_lsn);
+    println!(
+        "  end LSN:      {} ({})",
+        s.end_lsn,
+        if s.closed_cleanly {
+            "closed cleanly"
+        } else {
+            "no clean close: a crash, or a new database"
+        }
+    );
     println!(
         "  time:         {:.3} s: {:.0} log records/s, {:.0} checkpoint rows/s, {:.1} MB/s of log",
         secs,

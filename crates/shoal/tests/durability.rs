@@ -215,6 +215,18 @@ fn crash_image_with_zeros() -> (tempfile::TempDir, std::ffi::OsString, u64) {
 }
 
 #[test]
+fn recovery_tells_a_clean_close_from_a_crash() {
+    let (crash, _, _) = crash_image_with_zeros();
+    let db = Database::open(crash.path(), opts()).expect("open the crash image");
+    assert!(!db.recovery_stats().expect("stats").closed_cleanly);
+    drop(db);
+    let db = Database::open(crash.path(), opts()).expect("reopen after a clean close");
+    let stats = db.recovery_stats().expect("stats");
+    assert!(stats.closed_cleanly, "{stats:?}");
+    assert_eq!(stats.log_records, 51, "the close record is not counted");
+}
+
+#[test]
 fn zeros_after_the_log_in_a_crash_image_end_the_log_and_are_cut() {
     let (crash, name, end) = crash_image_with_zeros();
     let db = Database::open(crash.path(), opts()).expect("recover the crash image");

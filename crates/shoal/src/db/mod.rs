@@ -306,7 +306,7 @@ impl Database {
                 LogMode::Async => FlushPolicy::Periodic(opts.async_flush_delay),
                 _ => FlushPolicy::Eager,
             };
-            Some(LogBuffer::start(
+            let mut log = LogBuffer::start(
                 LogConfig {
                     vfs: Arc::clone(&vfs),
                     dir: log_dir,
@@ -316,7 +316,11 @@ impl Database {
                     policy,
                 },
                 stats.end_lsn,
-            )?)
+            )?;
+            if stats.closed_cleanly {
+                log.set_closed_at_start();
+            }
+            Some(log)
         };
         let db = Self::build(
             opts,

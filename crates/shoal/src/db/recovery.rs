@@ -17,6 +17,9 @@ pub struct RecoveryStats {
     pub torn_file: Option<PathBuf>,
     /// The LSN the log continues from.
     pub end_lsn: u64,
+    /// The log ends with the record a clean close writes: the database was closed, not
+    /// crashed, after its last commit. False for a new database and after a crash.
+    pub closed_cleanly: bool,
     /// Wall time of the whole recovery.
     pub elapsed: Duration,
 }
@@ -134,11 +137,14 @@ pub(super) fn recover(
         }
     }
     let mut records = 0u64;
+    let mut closed = false;
     let scan = segment::replay(vfs, log_dir, from, None, |lsn, rec| {
-        records += u64::from(rec != LogRecord::Close);
+        closed = rec == LogRecord::Close;
+        records += u64::from(!closed);
         apply(&mut by_id, rec, (log_dir, lsn)).map(|_| ())
     })?;
     stats.log_records = records;
+    stats.closed_cleanly = closed && scan.torn_bytes == 0;
     stats.torn_bytes = scan.torn_bytes;
     stats.torn_file = scan.torn_file;
     stats.end_lsn = scan.end;

@@ -242,9 +242,11 @@ impl LogShared {
 pub(crate) struct LogBuffer {
     shared: Arc<LogShared>,
     flusher: Option<std::thread::JoinHandle<()>>,
-    /// The LSN the log started at in this run: a close after records writes
-    /// [`LogRecord::Close`].
+    /// The LSN the log started at in this run.
     opened_at: u64,
+    /// The log already ended with a [`LogRecord::Close`] when this run started: a close
+    /// with no record since writes none.
+    closed_at_start: bool,
 }
 
 impl LogBuffer {
@@ -284,6 +286,7 @@ impl LogBuffer {
             shared,
             flusher: Some(flusher),
             opened_at: start,
+            closed_at_start: false,
         })
     }
 
@@ -349,6 +352,12 @@ impl LogBuffer {
         }
         sh.released.store(lsn + len, Ordering::Release);
         Ok((lsn, lsn + len))
+    }
+
+    /// Tells the log that it ended with a clean close's record when it was opened (so a
+    /// close with no record since need not write another).
+    pub fn set_closed_at_start(&mut self) {
+        self.closed_at_start = true;
     }
 
     /// Fails once the log has failed: a failed write or fsync leaves the log unusable, and
@@ -487,7 +496,8 @@ impl Drop for LogBuffer {
         // A clean close ends the log with a flush of its own (`LogRecord::Close`), so that
         // damage to the last flush of records is reported as corruption, not cut as a torn
         // tail (see `segment::replay`). Nothing else inserts any more: every handle is gone.
-        if self.check().is_ok() && self.released() > self.opened_at {
+        let end = self.released();
+        if self.check().is_ok() && end > 0 && (end > self.opened_at || !self.closed_at_start) {
             if let Ok((_, end)) = self.insert(&LogRecord::Close.encode()) {
                 let _ = self.park_until_durable(end);
             }

@@ -376,7 +376,9 @@ impl LogBuffer {
         self.shared.durable.load(Ordering::Acquire)
     }
 
-    /// Asks the flusher to write out everything released so far.
+    /// Asks the flusher to write out everything released so far (queuing a callback or a
+    /// waiter does this already).
+    #[cfg(test)]
     pub fn request_flush(&self) {
         self.shared.wake_flusher();
     }

@@ -128,6 +128,7 @@ pub(super) fn durable(
         LogMode::Pipelined => {
             let ticket = CommitTicket::pending();
             let state = ticket.state.clone();
+            // Queuing the callback wakes the flusher.
             log.on_durable(
                 lsn,
                 Box::new(move |res| {
@@ -136,7 +137,6 @@ pub(super) fn durable(
                     }
                 }),
             );
-            log.request_flush();
             Ok(ticket)
         }
         LogMode::Async | LogMode::None => Ok(CommitTicket::done()),
@@ -216,6 +216,29 @@ impl TwoPl {
             LogMode::Pipelined => {
                 let ticket = CommitTicket::pending();
                 let state = ticket.state.clone();
+                // The thread's flush pipeline grows until this commit is durable (the
+                // kill-short / kill-long victim policies compare these lengths).
+                let pipe = crate::lock::dread::pipeline_handle();
+                pipe.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+                if self.held.is_empty()
+                    && self.intents.is_empty()
+                    && self.ghosts.is_empty()
+                    && self.undo.is_empty()
+                {
+                    // Nothing left to release (SX-ELR released it all): the callback only
+                    // completes the ticket, and takes no handle of the database's shared
+                    // objects (each a reference count both cores would write per commit).
+                    log.on_durable(
+                        end,
+                        Box::new(move |res| {
+                            if let Some(st) = state {
+                                st.set(res);
+                            }
+                            pipe.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+                        }),
+                    );
+                    return Ok(ticket);
+                }
                 // Locks still held (no ELR) travel with the callback and are released by the
                 // flush daemon when the commit is durable.
                 let held: Vec<LockId> = self.held.drain().map(|(id, _)| id).collect();
@@ -228,10 +251,6 @@ impl TwoPl {
                 let locks = std::sync::Arc::clone(&inner.locks);
                 let reclaim = std::sync::Arc::clone(&inner.reclaim);
                 let (id, locking) = (cx.id, self.locking);
-                // The thread's flush pipeline grows until this commit is durable (the
-                // kill-short / kill-long victim policies compare these lengths).
-                let pipe = crate::lock::dread::pipeline_handle();
-                pipe.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
                 log.on_durable(
                     end,
                     Box::new(move |res| {
@@ -260,7 +279,6 @@ impl TwoPl {
                         pipe.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
                     }),
                 );
-                log.request_flush();
                 Ok(ticket)
             }
         }

@@ -574,6 +574,10 @@ impl Segment {
     }
 }
 
+/// How long an idle flusher under [`FlushPolicy::Eager`] sleeps before it looks again
+/// without being woken.
+const IDLE_FLUSHER_WAKE: Duration = Duration::from_millis(100);
+
 fn flusher_main(sh: Arc<LogShared>, cfg: LogConfig, file: Box<dyn VFile>, start: u64) {
     let mut seg = Segment {
         file,
@@ -587,7 +591,10 @@ fn flusher_main(sh: Arc<LogShared>, cfg: LogConfig, file: Box<dyn VFile>, start:
         {
             let mut pending = sh.work_lock.lock();
             let timeout = match cfg.policy {
-                FlushPolicy::Eager => Duration::from_millis(5),
+                // Everything that needs a flush wakes the flusher (`wake_flusher`, under
+                // `work_lock`, so no wake-up is lost); the timeout is only a safety net, long
+                // enough that an idle database does not wake a core 200 times a second.
+                FlushPolicy::Eager => IDLE_FLUSHER_WAKE,
                 FlushPolicy::Periodic(d) => d,
             };
             if !*pending && !sh.shutdown.load(Ordering::Acquire) {

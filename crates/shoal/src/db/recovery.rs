@@ -139,7 +139,7 @@ pub(super) fn recover(
     let mut records = 0u64;
     let mut closed = false;
     let scan = segment::replay(vfs, log_dir, from, None, |lsn, rec| {
-        closed = rec == LogRecord::Close;
+        closed = matches!(rec, LogRecord::Close);
         records += u64::from(!closed);
         apply(&mut by_id, rec, (log_dir, lsn)).map(|_| ())
     })?;

@@ -185,31 +185,18 @@ impl LogShared {
     /// The caller is the flusher, `at` is the start of a frame lying wholly in
     /// `[durable, released)`: its inserter has released it and nobody else touches it.
     unsafe fn mark_flush_start(&self, at: u64) {
-        let cap = self.cap;
-        let start = (at % cap as u64) as usize;
+        // Through a copy (one record, once per flush): the frame may wrap around the ring.
         let mut head = [0u8; FRAME_HEADER];
         // SAFETY: the header's bytes belong to the flusher alone (see above).
         unsafe { self.copy_out(at, &mut head) };
         let len =
             (u32::from_le_bytes([head[0], head[1], head[2], head[3]]) & !FLUSH_START) as usize;
-        let size = (FRAME_HEADER + len).min(cap);
-        if start + size <= cap {
-            // SAFETY: `start..start + size` lies inside the ring and holds the frame, which
-            // belongs to the flusher alone; no other reference to these bytes exists.
-            let frame = unsafe {
-                let base = (*self.ring.data.get()).as_mut_ptr();
-                std::slice::from_raw_parts_mut(base.add(start), size)
-            };
-            mark_flush_start(frame, at);
-        } else {
-            // The frame wraps around the ring: mark a copy and put it back.
-            let mut frame = vec![0u8; size];
-            // SAFETY: as above, for the whole frame.
-            unsafe { self.copy_out(at, &mut frame) };
-            mark_flush_start(&mut frame, at);
-            // SAFETY: as above.
-            unsafe { self.copy_in(at, &frame) };
-        }
+        let mut frame = vec![0u8; (FRAME_HEADER + len).min(self.cap)];
+        // SAFETY: as above, for the whole frame.
+        unsafe { self.copy_out(at, &mut frame) };
+        mark_flush_start(&mut frame, at);
+        // SAFETY: as above.
+        unsafe { self.copy_in(at, &frame) };
     }
 
     /// Copies the bytes of the ring at the positions of LSN `at` onwards (wrapping around)
@@ -498,8 +485,9 @@ impl Drop for LogBuffer {
         // A clean close ends the log with a flush of its own (`LogRecord::Close`), so that
         // damage to the last flush of records is reported as corruption, not cut as a torn
         // tail (see `segment::replay`). Nothing else inserts any more: every handle is gone.
-        let end = self.released();
-        if self.check().is_ok() && end > 0 && (end > self.opened_at || !self.closed_at_start) {
+        let released = self.released();
+        let unclosed = released > self.opened_at || !self.closed_at_start;
+        if self.check().is_ok() && released > 0 && unclosed {
             if let Ok((_, end)) = self.insert(&LogRecord::Close.encode()) {
                 let _ = self.park_until_durable(end);
             }

@@ -96,9 +96,9 @@ pub(crate) struct LogScan {
 /// kept in `torn-<LSN>.bin` beside the segment (open never destroys bytes it could not
 /// read). Bytes that do not decode but are followed by the whole first frame of a later
 /// flush were durable: damage to committed data, `Error::Corrupt` with the file and offset,
-/// and nothing is changed. Zeros
-/// from a record boundary to the end of the last segment are the zeros the flusher writes
-/// ahead of the log (a crash left them): they end the log, and are cut.
+/// and nothing is changed. Zeros from a record boundary to the end of the last segment are
+/// the zeros the flusher writes ahead of the log (a crash left them): they end the log, and
+/// are cut.
 pub(crate) fn replay(
     vfs: &dyn Vfs,
     dir: &Path,
@@ -152,7 +152,7 @@ pub(crate) fn replay(
                 break;
             }
             if upto.is_none() && last && !flush_starts_after(&bytes, *start, off) {
-                // A torn tail: nothing whole follows. Keep its bytes aside (up to the end of
+                // A torn tail: no later flush follows. Keep its bytes aside (up to the end of
                 // the last 4 KiB block that is not all zeros: the rest is zeros written ahead
                 // of the log), then cut it.
                 let keep = dir.join(format!("torn-{lsn:020}.bin"));

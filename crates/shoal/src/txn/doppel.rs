@@ -7,12 +7,11 @@
 //! record stashes the transaction ([`Error::Stashed`](crate::Error::Stashed)): it is rolled back, and the thread's
 //! next `begin()` waits for the next joined phase.
 
-use std::ops::Bound;
 use std::sync::Arc;
 
 use super::commit::durable;
 use super::occ::Occ;
-use super::{CommitTicket, Ctx, Protocol, Rows, WriteKind};
+use super::{CommitTicket, Ctx, Modify, Protocol, Rows, Span, Write};
 use crate::db::LogMode;
 use crate::doppel::{Delta, Doppel, Entered, OpClass, SplitWrite};
 use crate::error::{show_key, Error, Result};
@@ -81,20 +80,13 @@ impl Protocol for DoppelTxn {
         self.occ.get(cx, slot, key)
     }
 
-    fn write(
-        &mut self,
-        cx: &mut Ctx<'_>,
-        slot: u16,
-        key: &[u8],
-        value: &[u8],
-        kind: WriteKind,
-    ) -> Result<()> {
-        let class = match kind {
-            WriteKind::Put => OpClass::Write,
-            WriteKind::Insert => OpClass::Read,
+    fn write(&mut self, cx: &mut Ctx<'_>, slot: u16, key: &[u8], w: Write<'_>) -> Result<()> {
+        let class = match w {
+            Write::Put(_) => OpClass::Write,
+            Write::Insert(_) => OpClass::Read,
         };
         self.access(cx, slot, key, class)?;
-        self.occ.write(cx, slot, key, value, kind)
+        self.occ.write(cx, slot, key, w)
     }
 
     fn delete(&mut self, cx: &mut Ctx<'_>, slot: u16, key: &[u8]) -> Result<bool> {
@@ -102,13 +94,7 @@ impl Protocol for DoppelTxn {
         self.occ.delete(cx, slot, key)
     }
 
-    fn update(
-        &mut self,
-        cx: &mut Ctx<'_>,
-        slot: u16,
-        key: &[u8],
-        f: impl FnMut(Option<&[u8]>) -> Result<Vec<u8>>,
-    ) -> Result<usize> {
+    fn update(&mut self, cx: &mut Ctx<'_>, slot: u16, key: &[u8], f: impl Modify) -> Result<usize> {
         // A read-modify-write reads the record: on a split record it would read the global
         // value without the slices' deltas, so it is counted and stashed like a read (so is
         // `int_op`, which returns the value: the default, through here).
@@ -143,19 +129,16 @@ impl Protocol for DoppelTxn {
         self.occ.blind(cx, slot, key, delta)
     }
 
-    fn scan(
-        &mut self,
-        cx: &mut Ctx<'_>,
-        slot: u16,
-        lo: Bound<&[u8]>,
-        hi: Bound<&[u8]>,
-        limit: usize,
-    ) -> Result<Rows> {
+    fn scan(&mut self, cx: &mut Ctx<'_>, slot: u16, span: Span<'_>) -> Result<Rows> {
         // A scan over a range holding a split record is stashed.
-        if self.e.split && self.e.split_in_range(cx.table(slot).inner.id, lo, hi) {
+        if self.e.split
+            && self
+                .e
+                .split_in_range(cx.table(slot).inner.id, span.lo, span.hi)
+        {
             return Err(self.stash(cx, "a scanned range holds a split key".into()));
         }
-        self.occ.scan(cx, slot, lo, hi, limit)
+        self.occ.scan(cx, slot, span)
     }
 
     fn commit(&mut self, cx: &mut Ctx<'_>, mode: LogMode) -> Result<CommitTicket> {

@@ -61,12 +61,41 @@ const SCAN_CHUNK: usize = 256;
 /// What a scan returns: `(key, value)` in ascending key order.
 type Rows = Vec<(Vec<u8>, Vec<u8>)>;
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum WriteKind {
+/// The new value of a read-modify-write, from the current one (`None`: no live record).
+trait Modify: FnMut(Option<&[u8]>) -> Result<Vec<u8>> {}
+impl<F: FnMut(Option<&[u8]>) -> Result<Vec<u8>>> Modify for F {}
+
+/// An integer update (`add_and_get` and its kin): the new value from the current one
+/// (`None`: absent), or `None` on overflow.
+trait IntOp: Fn(Option<i64>) -> Option<i64> {}
+impl<F: Fn(Option<i64>) -> Option<i64>> IntOp for F {}
+
+/// What a scan asks a protocol for: the first `limit` visible rows of `lo..hi` in key order
+/// (`usize::MAX`: all).
+#[derive(Clone, Copy)]
+struct Span<'k> {
+    lo: Bound<&'k [u8]>,
+    hi: Bound<&'k [u8]>,
+    limit: usize,
+}
+
+/// What `put` and `insert` hand a protocol: the new value, and whether a live record may be
+/// replaced.
+#[derive(Clone, Copy)]
+enum Write<'v> {
     /// Insert or replace.
-    Put,
+    Put(&'v [u8]),
     /// Insert only: fail on a live record.
-    Insert,
+    Insert(&'v [u8]),
+}
+
+impl<'v> Write<'v> {
+    /// The value to store.
+    fn value(self) -> &'v [u8] {
+        match self {
+            Write::Put(v) | Write::Insert(v) => v,
+        }
+    }
 }
 
 /// A transaction. Obtain one from [`Database::begin`] or use [`Database::run`].
@@ -165,17 +194,10 @@ trait Protocol {
 
     /// `put` and `insert`: a read-modify-write ([`update`](Self::update)), unless the
     /// protocol can do better.
-    fn write(
-        &mut self,
-        cx: &mut Ctx<'_>,
-        slot: u16,
-        key: &[u8],
-        value: &[u8],
-        kind: WriteKind,
-    ) -> Result<()> {
-        self.update(cx, slot, key, |cur| match cur {
-            Some(_) if kind == WriteKind::Insert => Err(Error::DuplicateKey { key: show_key(key) }),
-            _ => Ok(value.to_vec()),
+    fn write(&mut self, cx: &mut Ctx<'_>, slot: u16, key: &[u8], w: Write<'_>) -> Result<()> {
+        self.update(cx, slot, key, |cur| match (cur, w) {
+            (Some(_), Write::Insert(_)) => Err(Error::DuplicateKey { key: show_key(key) }),
+            _ => Ok(w.value().to_vec()),
         })
         .map(|_| ())
     }
@@ -184,13 +206,7 @@ trait Protocol {
 
     /// `add_and_get`, `max_and_get`, `min_and_get`: stores `op(current integer)`, as a
     /// read-modify-write ([`update`](Self::update)) unless the protocol can do better.
-    fn int_op(
-        &mut self,
-        cx: &mut Ctx<'_>,
-        slot: u16,
-        key: &[u8],
-        op: impl Fn(Option<i64>) -> Option<i64>,
-    ) -> Result<i64> {
+    fn int_op(&mut self, cx: &mut Ctx<'_>, slot: u16, key: &[u8], op: impl IntOp) -> Result<i64> {
         let mut out = 0;
         self.update(cx, slot, key, |cur| {
             let new = int_value(key, cur, &op)?;
@@ -201,13 +217,7 @@ trait Protocol {
     }
 
     /// Replaces the value with `f(current value)`; returns the new value's length.
-    fn update(
-        &mut self,
-        cx: &mut Ctx<'_>,
-        slot: u16,
-        key: &[u8],
-        f: impl FnMut(Option<&[u8]>) -> Result<Vec<u8>>,
-    ) -> Result<usize>;
+    fn update(&mut self, cx: &mut Ctx<'_>, slot: u16, key: &[u8], f: impl Modify) -> Result<usize>;
 
     /// A blind commutative operation (`add`, `max`, ...): a read-modify-write, unless the
     /// protocol can do better (Doppel's split records).
@@ -225,14 +235,7 @@ trait Protocol {
 
     /// The first `limit` visible rows of `lo..hi` in key order (`usize::MAX`: all), read
     /// under the protocol's phantom protection for the part of the range it covered.
-    fn scan(
-        &mut self,
-        cx: &mut Ctx<'_>,
-        slot: u16,
-        lo: Bound<&[u8]>,
-        hi: Bound<&[u8]>,
-        limit: usize,
-    ) -> Result<Rows>;
+    fn scan(&mut self, cx: &mut Ctx<'_>, slot: u16, span: Span<'_>) -> Result<Rows>;
 
     /// Takes coarse locks (`lock_table`, `lock_database`): each `(lightweight-intent object,
     /// lock name, mode)` in order. Only a locking protocol has anything to do.
@@ -527,7 +530,7 @@ impl<'db> Transaction<'db> {
         key: impl AsRef<[u8]>,
         value: impl AsRef<[u8]>,
     ) -> Result<()> {
-        self.write(table, key.as_ref(), value.as_ref(), WriteKind::Put)
+        self.write(table, key.as_ref(), Write::Put(value.as_ref()))
     }
 
     /// Inserts a new key; fails with [`Error::DuplicateKey`] if it is present (the transaction
@@ -548,15 +551,15 @@ impl<'db> Transaction<'db> {
         key: impl AsRef<[u8]>,
         value: impl AsRef<[u8]>,
     ) -> Result<()> {
-        self.write(table, key.as_ref(), value.as_ref(), WriteKind::Insert)
+        self.write(table, key.as_ref(), Write::Insert(value.as_ref()))
     }
 
-    fn write(&mut self, table: &Table, key: &[u8], value: &[u8], kind: WriteKind) -> Result<()> {
+    fn write(&mut self, table: &Table, key: &[u8], w: Write<'_>) -> Result<()> {
         self.cx.active()?;
         self.cx.check_key(key)?;
-        self.cx.check_value(value)?;
+        self.cx.check_value(w.value())?;
         let slot = self.cx.table_slot(table)?;
-        dispatch!(&mut self.cc, p => p.write(&mut self.cx, slot, key, value, kind))
+        dispatch!(&mut self.cc, p => p.write(&mut self.cx, slot, key, w))
     }
 
     /// Deletes `key`; returns whether a live record was there. The record becomes a ghost
@@ -634,12 +637,7 @@ impl<'db> Transaction<'db> {
         self.int_op(table, key.as_ref(), |cur| Some(cur.map_or(v, |c| c.min(v))))
     }
 
-    fn int_op(
-        &mut self,
-        table: &Table,
-        key: &[u8],
-        op: impl Fn(Option<i64>) -> Option<i64>,
-    ) -> Result<i64> {
+    fn int_op(&mut self, table: &Table, key: &[u8], op: impl IntOp) -> Result<i64> {
         let slot = self.open(table, key)?;
         dispatch!(&mut self.cc, p => p.int_op(&mut self.cx, slot, key, &op))
     }
@@ -799,7 +797,7 @@ impl<'db> Transaction<'db> {
             }
         }
         let slot = self.cx.table_slot(table)?;
-        dispatch!(&mut self.cc, p => p.scan(&mut self.cx, slot, lo, hi, limit))
+        dispatch!(&mut self.cc, p => p.scan(&mut self.cx, slot, Span { lo, hi, limit }))
     }
 
     /// Commits: makes every write visible to later transactions and releases the locks.
@@ -935,11 +933,7 @@ fn decode_i64(key: &[u8], v: &[u8]) -> Result<i64> {
 }
 
 /// The integer an `int_op` stores: `op` of the current value, which must be an integer.
-fn int_value(
-    key: &[u8],
-    cur: Option<&[u8]>,
-    op: impl Fn(Option<i64>) -> Option<i64>,
-) -> Result<[u8; 8]> {
+fn int_value(key: &[u8], cur: Option<&[u8]>, op: impl IntOp) -> Result<[u8; 8]> {
     let cur = cur.map(|c| decode_i64(key, c)).transpose()?;
     op(cur)
         .map(i64::to_le_bytes)

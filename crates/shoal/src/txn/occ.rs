@@ -85,7 +85,7 @@ use std::collections::BTreeMap;
 use std::ops::Bound;
 
 use super::commit::durable;
-use super::{as_ref_bound, CommitTicket, Ctx, Protocol, Rows, WriteKind, SCAN_CHUNK};
+use super::{as_ref_bound, CommitTicket, Ctx, Modify, Protocol, Rows, Span, Write, SCAN_CHUNK};
 use crate::db::{DbInner, LogMode};
 use crate::doppel::SplitWrite;
 use crate::error::{show_key, Error, Result};
@@ -507,15 +507,8 @@ impl Protocol for Occ {
         self.read(cx, slot, key)
     }
 
-    fn write(
-        &mut self,
-        cx: &mut Ctx<'_>,
-        slot: u16,
-        key: &[u8],
-        value: &[u8],
-        kind: WriteKind,
-    ) -> Result<()> {
-        if kind == WriteKind::Insert && self.read(cx, slot, key)?.is_some() {
+    fn write(&mut self, cx: &mut Ctx<'_>, slot: u16, key: &[u8], w: Write<'_>) -> Result<()> {
+        if matches!(w, Write::Insert(_)) && self.read(cx, slot, key)?.is_some() {
             // Report the duplicate only if what the transaction read so far still holds:
             // otherwise the key may exist only because of a write the transaction should
             // have seen earlier (two transactions that read the same counter and insert the
@@ -527,7 +520,7 @@ impl Protocol for Occ {
             }
             return Err(Error::DuplicateKey { key: show_key(key) });
         }
-        self.buffer(cx, slot, key, Some(value.to_vec()))?;
+        self.buffer(cx, slot, key, Some(w.value().to_vec()))?;
         Ok(())
     }
 
@@ -544,7 +537,7 @@ impl Protocol for Occ {
         cx: &mut Ctx<'_>,
         slot: u16,
         key: &[u8],
-        mut f: impl FnMut(Option<&[u8]>) -> Result<Vec<u8>>,
+        mut f: impl Modify,
     ) -> Result<usize> {
         let cur = self.read(cx, slot, key)?;
         let v = f(cur.as_deref())?;
@@ -553,14 +546,8 @@ impl Protocol for Occ {
         Ok(len)
     }
 
-    fn scan(
-        &mut self,
-        cx: &mut Ctx<'_>,
-        slot: u16,
-        lo: Bound<&[u8]>,
-        hi: Bound<&[u8]>,
-        limit: usize,
-    ) -> Result<Rows> {
+    fn scan(&mut self, cx: &mut Ctx<'_>, slot: u16, span: Span<'_>) -> Result<Rows> {
+        let Span { lo, hi, limit } = span;
         let table = table_of(&cx.tables, slot);
         let tree = &table.inner.tree;
         let own = self.st.writes.get(&table.inner.id);

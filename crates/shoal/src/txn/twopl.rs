@@ -46,7 +46,9 @@ use std::time::Duration;
 
 use rustc_hash::FxHashMap;
 
-use super::{as_ref_bound, int_value, CommitTicket, Ctx, Protocol, Rows, SCAN_CHUNK};
+use super::{
+    as_ref_bound, int_value, CommitTicket, Ctx, IntOp, Modify, Protocol, Rows, Span, SCAN_CHUNK,
+};
 use crate::db::{DbInner, LogMode, Table, TableSlots};
 use crate::error::{show_key, Error, Result};
 use crate::lock::intent::{LightweightIntentLocks, PrivateIntents};
@@ -693,36 +695,18 @@ impl Protocol for TwoPl {
         }
     }
 
-    fn int_op(
-        &mut self,
-        cx: &mut Ctx<'_>,
-        slot: u16,
-        key: &[u8],
-        op: impl Fn(Option<i64>) -> Option<i64>,
-    ) -> Result<i64> {
+    fn int_op(&mut self, cx: &mut Ctx<'_>, slot: u16, key: &[u8], op: impl IntOp) -> Result<i64> {
         // Not the default: the 8-byte array goes into the record without a `Vec` of its own.
         let out = self.rmw(cx, slot, key, |cur| int_value(key, cur, &op))?;
         Ok(i64::from_le_bytes(out))
     }
 
-    fn update(
-        &mut self,
-        cx: &mut Ctx<'_>,
-        slot: u16,
-        key: &[u8],
-        f: impl FnMut(Option<&[u8]>) -> Result<Vec<u8>>,
-    ) -> Result<usize> {
+    fn update(&mut self, cx: &mut Ctx<'_>, slot: u16, key: &[u8], f: impl Modify) -> Result<usize> {
         self.rmw(cx, slot, key, f).map(|v| v.len())
     }
 
-    fn scan(
-        &mut self,
-        cx: &mut Ctx<'_>,
-        slot: u16,
-        lo: Bound<&[u8]>,
-        hi: Bound<&[u8]>,
-        limit: usize,
-    ) -> Result<Rows> {
+    fn scan(&mut self, cx: &mut Ctx<'_>, slot: u16, span: Span<'_>) -> Result<Rows> {
+        let Span { lo, hi, limit } = span;
         self.intent(cx, slot, false)?;
         let mut out = Vec::new();
         // The initial cursor lock (Table 3, ascending): on the start key itself when it

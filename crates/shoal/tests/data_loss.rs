@@ -4,7 +4,8 @@
 //!    and offset), changing nothing on disk, instead of being cut off as a "torn tail"; a real
 //!    torn tail is still cut, and its bytes are kept aside;
 //! 2. checkpoints of large rows (more than 1 GiB in all) stay readable;
-//! 3. two databases can never share one log directory;
+//! 3. two databases can never share one log directory, and no build opens a database of a
+//!    newer on-disk format than its own;
 //! 4. limits: the longest value commits, impossible options are refused at open, an oversized
 //!    transaction is refused at the write;
 //! 5. silent surprises: stray segment files, `LogMode::None` on a durable directory, leftover
@@ -573,6 +574,96 @@ fn second_database_cannot_share_a_log_dir_while_the_first_is_open_or_after_it_cl
     drop(db_a);
     let db_a = Database::open(&a, with_log()).expect("reopen A again");
     assert_eq!(dump(&db_a, "t"), expected_rows(11));
+}
+
+/// The `SHOAL-ID` file's lines.
+fn stamp_lines(dir: &Path) -> Vec<String> {
+    std::fs::read_to_string(dir.join("SHOAL-ID"))
+        .expect("read SHOAL-ID")
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn a_database_stamped_by_a_newer_build_is_refused_and_left_as_it_was() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let (d, l) = (root.path().join("db"), root.path().join("log"));
+    for (log_dir, stamped) in [(None, d.clone()), (Some(l.clone()), l.clone())] {
+        let _ = std::fs::remove_dir_all(&d);
+        let _ = std::fs::remove_dir_all(&l);
+        std::fs::create_dir_all(&l).expect("log dir");
+        let opts = || Options::default().with_log_dir(log_dir.clone());
+        let db = Database::open(&d, opts()).expect("open");
+        let t = db.create_table("t").expect("create");
+        for i in 0..10 {
+            db.run(|tx| tx.put(&t, key(i), val(i))).expect("commit");
+        }
+        drop(db);
+        // This build writes format 2, in both directories.
+        let lines = stamp_lines(&stamped);
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        assert_eq!(lines[1], "format 2");
+        assert_eq!(stamp_lines(&d), lines);
+        let restamp = |format: &str| {
+            let text = format!("{}\n{format}\n", lines[0]);
+            std::fs::write(stamped.join("SHOAL-ID"), text).expect("restamp");
+        };
+
+        restamp("format 3");
+        let (db_before, log_before) = (snapshot(&d), snapshot(&l));
+        match Database::open(&d, opts()) {
+            Err(Error::Unsupported(msg)) => {
+                assert!(
+                    msg.contains("format 3") && msg.contains("SHOAL-ID"),
+                    "{msg}"
+                );
+            }
+            Err(e) => panic!("expected Error::Unsupported, got {e:?}"),
+            Ok(_) => panic!("a database of a newer format opened (log_dir {log_dir:?})"),
+        }
+        assert_eq!(
+            snapshot(&d),
+            db_before,
+            "the refused open changed the database"
+        );
+        assert_eq!(snapshot(&l), log_before, "the refused open changed the log");
+
+        // A stamp that is not a format at all is damage, not a newer format.
+        restamp("format two");
+        assert!(
+            matches!(Database::open(&d, opts()), Err(Error::Corrupt { .. })),
+            "a malformed format line opened (log_dir {log_dir:?})"
+        );
+
+        // Restamped by this build's format, it opens with its data.
+        restamp("format 2");
+        let db = Database::open(&d, opts()).expect("reopen");
+        assert_eq!(dump(&db, "t"), expected_rows(10));
+    }
+}
+
+#[test]
+fn a_database_of_the_first_format_opens_with_its_data_and_is_stamped_with_this_one() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let (d, l) = (root.path().join("db"), root.path().join("log"));
+    let opts = || Options::default().with_log_dir(Some(l.clone()));
+    let db = Database::open(&d, opts()).expect("open");
+    let t = db.create_table("t").expect("create");
+    for i in 0..10 {
+        db.run(|tx| tx.put(&t, key(i), val(i))).expect("commit");
+    }
+    drop(db);
+    // Format 1 had the identity line alone.
+    let id = stamp_lines(&d)[0].clone();
+    for dir in [&d, &l] {
+        std::fs::write(dir.join("SHOAL-ID"), format!("{id}\n")).expect("restamp");
+    }
+    let db = Database::open(&d, opts()).expect("open a format-1 database");
+    assert_eq!(dump(&db, "t"), expected_rows(10));
+    for dir in [&d, &l] {
+        assert_eq!(stamp_lines(dir), vec![id.clone(), "format 2".to_string()]);
+    }
 }
 
 #[test]

@@ -4,6 +4,9 @@
 //! When the log lives in another directory ([`Options::log_dir`](crate::Options::log_dir)),
 //! that directory holds a copy, and opening refuses a log directory whose identity differs:
 //! two databases can never replay (and then interleave) one log.
+//!
+//! The file also carries the on-disk format ([`FORMAT`]), so that a build never reads a log
+//! it would misread.
 
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
@@ -15,61 +18,124 @@ use crate::vfs::{on, Vfs};
 
 const FILE: &str = "SHOAL-ID";
 const HEAD: &str = "shoal database ";
+const FORMAT_HEAD: &str = "format ";
 
-/// Makes sure `dir` has an identity and that `log_dir`, if separate, has the same one.
+/// The on-disk format this build writes, stamped in `SHOAL-ID` under the identity:
+///
+/// - 1 (no format line): log frames without flush marks, no `Close` record;
+/// - 2: the first frame of each flush of the log is marked (the top bit of its length) and
+///   a clean close ends the log with a `Close` record.
+///
+/// This build reads both, and stamps 2 on a database of format 1 when it opens it: from then
+/// on it writes marked frames, which a build that knows only format 1 would read as a torn
+/// tail and cut. Such a build refuses the stamp (it expects the identity line alone), so it
+/// cannot open the database at all. A stamp above [`FORMAT`] is refused the same way here.
+pub(crate) const FORMAT: u32 = 2;
+
+/// What a `SHOAL-ID` file says.
+#[derive(Debug, PartialEq, Eq)]
+struct Stamp {
+    id: String,
+    format: u32,
+}
+
+/// Makes sure `dir` has an identity and that `log_dir`, if separate, has the same one, both
+/// stamped with this build's [`FORMAT`]; refuses either if a newer build stamped it.
 pub(super) fn claim(vfs: &dyn Vfs, dir: &Path, log_dir: Option<&Path>) -> Result<()> {
-    let id = match read(vfs, dir)? {
-        Some(id) => id,
-        None => {
-            let id = fresh();
-            write(vfs, dir, &id)?;
-            id
+    let own = read(vfs, dir)?;
+    let log = match log_dir {
+        Some(l) => read(vfs, l)?,
+        None => None,
+    };
+    if let (Some(log), Some(log_dir)) = (&log, log_dir) {
+        if own.as_ref().map(|s| &s.id) != Some(&log.id) {
+            return Err(Error::InvalidOptions(format!(
+                "the log directory {} belongs to another database (its {FILE} says {}, the \
+                 database directory {} says {}): give each database its own log directory",
+                log_dir.display(),
+                log.id,
+                dir.display(),
+                own.as_ref().map_or("nothing yet", |s| s.id.as_str())
+            )));
         }
-    };
-    let Some(log_dir) = log_dir else {
-        return Ok(());
-    };
-    match read(vfs, log_dir)? {
-        Some(other) if other == id => Ok(()),
-        Some(other) => Err(Error::InvalidOptions(format!(
-            "the log directory {} belongs to another database (its {FILE} says {other}, the \
-             database directory {} says {id}): give each database its own log directory",
-            log_dir.display(),
-            dir.display()
-        ))),
-        None => write(vfs, log_dir, &id),
+    }
+    let id = own.as_ref().map_or_else(fresh, |s| s.id.clone());
+    stamp(vfs, dir, own.as_ref(), &id)?;
+    match log_dir {
+        Some(l) => stamp(vfs, l, log.as_ref(), &id),
+        None => Ok(()),
     }
 }
 
-fn read(vfs: &dyn Vfs, dir: &Path) -> Result<Option<String>> {
+/// Writes `dir`'s stamp unless it already says `id` in this build's format.
+fn stamp(vfs: &dyn Vfs, dir: &Path, found: Option<&Stamp>, id: &str) -> Result<()> {
+    match found {
+        Some(s) if s.format == FORMAT => Ok(()),
+        _ => write(vfs, dir, id),
+    }
+}
+
+fn read(vfs: &dyn Vfs, dir: &Path) -> Result<Option<Stamp>> {
     let p = dir.join(FILE);
     let bytes = match vfs.read(&p) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(crate::vfs::io_error("read", &p, e)),
     };
-    let id = std::str::from_utf8(&bytes)
-        .ok()
-        .and_then(|t| t.strip_prefix(HEAD))
-        .and_then(|t| t.strip_suffix('\n'))
-        .filter(|h| h.len() == 32 && h.bytes().all(|b| b.is_ascii_hexdigit()));
-    match id {
-        Some(id) => Ok(Some(id.to_string())),
-        None => Err(Error::Corrupt {
+    let Some(stamp) = std::str::from_utf8(&bytes).ok().and_then(parse) else {
+        return Err(Error::Corrupt {
             path: p,
             offset: 0,
-            detail: format!("not a shoal identity file (expected \"{HEAD}<32 hex digits>\")"),
-        }),
+            detail: format!(
+                "not a shoal identity file (expected \"{HEAD}<32 hex digits>\", then \
+                 optionally \"{FORMAT_HEAD}<number>\")"
+            ),
+        });
+    };
+    if stamp.format > FORMAT {
+        return Err(Error::Unsupported(format!(
+            "{} says the database is in on-disk format {}, and this build of shoal reads \
+             formats 1 to {FORMAT}: a newer build wrote it (open it with that one), or the file \
+             is damaged",
+            p.display(),
+            stamp.format
+        )));
     }
+    Ok(Some(stamp))
 }
 
-/// Writes the identity durably: a temporary file, fsynced, renamed, directory fsynced.
+/// Parses the identity line and the optional format line (format 1 when absent).
+fn parse(text: &str) -> Option<Stamp> {
+    let mut lines = text.strip_suffix('\n')?.split('\n');
+    let id = lines
+        .next()?
+        .strip_prefix(HEAD)
+        .filter(|h| h.len() == 32 && h.bytes().all(|b| b.is_ascii_hexdigit()))?;
+    let format = match lines.next() {
+        None => 1,
+        Some(l) => l
+            .strip_prefix(FORMAT_HEAD)?
+            .parse::<u32>()
+            .ok()
+            .filter(|&f| f >= 1)?,
+    };
+    if lines.next().is_some() {
+        return None;
+    }
+    Some(Stamp {
+        id: id.to_string(),
+        format,
+    })
+}
+
+/// Writes the identity and this build's format durably: a temporary file, fsynced,
+/// renamed, directory fsynced.
 fn write(vfs: &dyn Vfs, dir: &Path, id: &str) -> Result<()> {
     let tmp = dir.join(format!("{FILE}.tmp"));
     let fin = dir.join(FILE);
     let _ = vfs.remove(&tmp);
     let mut f = vfs.create_new(&tmp).map_err(on("create", &tmp))?;
-    f.write_all(format!("{HEAD}{id}\n").as_bytes())
+    f.write_all(format!("{HEAD}{id}\n{FORMAT_HEAD}{FORMAT}\n").as_bytes())
         .map_err(on("write", &tmp))?;
     f.sync().map_err(on("fsync", &tmp))?;
     drop(f);

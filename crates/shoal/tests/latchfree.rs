@@ -470,6 +470,25 @@ fn tags_outlive_requests(kind: LockTableKind) {
     t.unlock_tagged(3, &k, 50);
     assert!(t.tag(&k) >= 50);
     assert_eq!(t.queue_count(), 0);
+
+    // A grant read with its tag reports what `tag` reads then: on a new queue (the tag
+    // outlived the old one), joining another holder, and converting a held lock.
+    let (m, tag) = t.try_lock_tagged(4, &k, S).unwrap();
+    assert_eq!((m, tag), (S, t.tag(&k)));
+    assert!(tag >= 50, "a new queue's grant reports the old tag");
+    let (m, tag) = t.try_lock_tagged(5, &k, S).unwrap();
+    assert_eq!((m, tag), (S, t.tag(&k)));
+    t.unlock_tagged(5, &k, 60);
+    let (m, tag) = t.try_lock_tagged(4, &k, X).unwrap();
+    assert_eq!(m, X);
+    assert!(
+        tag >= 60,
+        "a conversion reports the tag its queue took meanwhile"
+    );
+    assert_eq!(tag, t.tag(&k));
+    assert_eq!(t.try_lock_tagged(6, &k, S), Err(LockFailure::WouldBlock));
+    t.unlock(4, &k);
+    assert_eq!(t.queue_count(), 0);
 }
 
 // ---- latch-free table only ----

@@ -193,6 +193,20 @@ pub trait LockTable: Send + Sync {
         self.acquire(txn, id, mode, None)
     }
 
+    /// [`try_lock`](Self::try_lock), and with a grant the early-lock-release tag of `id` as
+    /// [`tag`](Self::tag) reads it at the grant: a table that can read both in one visit to
+    /// the lock saves the second (a transaction under SX-ELR reads the tag of every lock it
+    /// takes).
+    fn try_lock_tagged(
+        &self,
+        txn: TxnId,
+        id: &LockId,
+        mode: LockMode,
+    ) -> Result<(LockMode, u64), LockFailure> {
+        let m = self.try_lock(txn, id, mode)?;
+        Ok((m, self.tag(id)))
+    }
+
     /// Releases whatever `txn` holds on `id` and grants waiters that become compatible.
     /// Releasing a lock that is not held is a no-op.
     fn unlock(&self, txn: TxnId, id: &LockId) {

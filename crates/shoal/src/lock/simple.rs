@@ -730,6 +730,96 @@ impl SimpleLockTable {
         self.policy == DeadlockPolicy::WaitForGraph
     }
 
+    /// The request path of [`LockTable::acquire`]; `tag` is told the lock's early-lock-release
+    /// tag (as [`LockTable::tag`] reads it) when the request is granted without a wait, under
+    /// the same shard mutex.
+    fn acquire_reading_tag(
+        &self,
+        txn: TxnId,
+        id: &LockId,
+        mode: LockMode,
+        wait: Option<Duration>,
+        tag: impl FnOnce(u64),
+    ) -> Granted {
+        let h = hash_id(id);
+        let mut shard = self.shard_of(h, id).lock();
+        let sh = &mut *shard;
+        let retired = sh.retired_tag;
+        let q = match sh.get_mut(h, id) {
+            Some(q) => q,
+            None => {
+                if mode == LockMode::N {
+                    return Ok(LockMode::N);
+                }
+                let e = Entry {
+                    name: Name::of(id),
+                    queue: Queue {
+                        reqs: Reqs::One(self.request(txn, mode)),
+                        tag: 0,
+                    },
+                };
+                sh.insert(h, e);
+                tag(retired);
+                return Ok(mode);
+            }
+        };
+        match q.position(txn) {
+            Some(p) => {
+                // Conversion.
+                let held = q.reqs()[p].granted;
+                debug_assert!(
+                    !q.reqs()[p].waiting,
+                    "one lock call per transaction at a time"
+                );
+                if held.covers(mode) {
+                    tag(q.tag.max(retired));
+                    return Ok(held);
+                }
+                let target = held.supremum(mode);
+                if target.compatible_with_all(q.granted_mask_except(p)) {
+                    let r = &mut q.reqs_mut()[p];
+                    r.granted = target;
+                    r.requested = target;
+                    if q.waiting() > 0 && self.uses_graph() {
+                        // The stronger granted mode may block more waiters.
+                        q.sync_graph(&mut self.graph.lock());
+                    }
+                    tag(q.tag.max(retired));
+                    return Ok(target);
+                }
+                if wait.is_none() {
+                    return Err(LockFailure::WouldBlock);
+                }
+                let c = q.crowd();
+                let r = &mut c.reqs[p];
+                r.requested = target;
+                r.waiting = true;
+                c.threads.push((txn, thread::current()));
+                c.waiting += 1;
+            }
+            None => {
+                if mode == LockMode::N {
+                    return Ok(LockMode::N);
+                }
+                // A new granted request at the tail is compatible with every waiting request,
+                // so it blocks none of them: no graph update needed.
+                if mode.compatible_with_all(q.tail_blocking_mask()) {
+                    q.push(self.request(txn, mode));
+                    tag(q.tag.max(retired));
+                    return Ok(mode);
+                }
+                if wait.is_none() {
+                    return Err(LockFailure::WouldBlock);
+                }
+                let mut r = self.request(txn, mode);
+                r.granted = LockMode::N;
+                r.waiting = true;
+                q.push_waiting(r, thread::current());
+            }
+        }
+        self.wait(shard, txn, h, id, wait.unwrap_or_default())
+    }
+
     /// After a change of `q` that may grant or change who blocks whom: grant pass and, under
     /// the waits-for-graph policy, graph update.
     fn after_change<'a>(
@@ -967,78 +1057,18 @@ impl SimpleLockTable {
 
 impl LockTable for SimpleLockTable {
     fn acquire(&self, txn: TxnId, id: &LockId, mode: LockMode, wait: Option<Duration>) -> Granted {
-        let h = hash_id(id);
-        let mut shard = self.shard_of(h, id).lock();
-        let sh = &mut *shard;
-        let q = match sh.get_mut(h, id) {
-            Some(q) => q,
-            None => {
-                if mode == LockMode::N {
-                    return Ok(LockMode::N);
-                }
-                let e = Entry {
-                    name: Name::of(id),
-                    queue: Queue {
-                        reqs: Reqs::One(self.request(txn, mode)),
-                        tag: 0,
-                    },
-                };
-                sh.insert(h, e);
-                return Ok(mode);
-            }
-        };
-        match q.position(txn) {
-            Some(p) => {
-                // Conversion.
-                let held = q.reqs()[p].granted;
-                debug_assert!(
-                    !q.reqs()[p].waiting,
-                    "one lock call per transaction at a time"
-                );
-                if held.covers(mode) {
-                    return Ok(held);
-                }
-                let target = held.supremum(mode);
-                if target.compatible_with_all(q.granted_mask_except(p)) {
-                    let r = &mut q.reqs_mut()[p];
-                    r.granted = target;
-                    r.requested = target;
-                    if q.waiting() > 0 && self.uses_graph() {
-                        // The stronger granted mode may block more waiters.
-                        q.sync_graph(&mut self.graph.lock());
-                    }
-                    return Ok(target);
-                }
-                if wait.is_none() {
-                    return Err(LockFailure::WouldBlock);
-                }
-                let c = q.crowd();
-                let r = &mut c.reqs[p];
-                r.requested = target;
-                r.waiting = true;
-                c.threads.push((txn, thread::current()));
-                c.waiting += 1;
-            }
-            None => {
-                if mode == LockMode::N {
-                    return Ok(LockMode::N);
-                }
-                // A new granted request at the tail is compatible with every waiting request,
-                // so it blocks none of them: no graph update needed.
-                if mode.compatible_with_all(q.tail_blocking_mask()) {
-                    q.push(self.request(txn, mode));
-                    return Ok(mode);
-                }
-                if wait.is_none() {
-                    return Err(LockFailure::WouldBlock);
-                }
-                let mut r = self.request(txn, mode);
-                r.granted = LockMode::N;
-                r.waiting = true;
-                q.push_waiting(r, thread::current());
-            }
-        }
-        self.wait(shard, txn, h, id, wait.unwrap_or_default())
+        self.acquire_reading_tag(txn, id, mode, wait, |_| ())
+    }
+
+    fn try_lock_tagged(
+        &self,
+        txn: TxnId,
+        id: &LockId,
+        mode: LockMode,
+    ) -> Result<(LockMode, u64), LockFailure> {
+        let mut tag = 0;
+        let m = self.acquire_reading_tag(txn, id, mode, None, |t| tag = t)?;
+        Ok((m, tag))
     }
 
     fn tag(&self, id: &LockId) -> u64 {

@@ -212,11 +212,9 @@ impl TwoPl {
             slot => slot,
         };
         declare_age(cx);
-        match Self::acquire(self.timeout, cx, slot.key(), mode) {
-            Ok(m) => {
-                if self.track_tags {
-                    self.max_tag = self.max_tag.max(cx.inner().locks.tag(slot.key()));
-                }
+        match Self::acquire_tagged(self.timeout, cx, slot.key(), mode, self.track_tags) {
+            Ok((m, tag)) => {
+                self.max_tag = self.max_tag.max(tag);
                 slot.insert_entry(m);
                 Ok(())
             }
@@ -249,6 +247,28 @@ impl TwoPl {
                 Err(e)
             }
         }
+    }
+
+    /// [`acquire`](Self::acquire), and when `tagged` the lock's early-lock-release tag at
+    /// the grant (else 0): read with the request in one visit to the lock when it is
+    /// granted at once.
+    fn acquire_tagged(
+        timeout: Duration,
+        cx: &Ctx<'_>,
+        id: &LockId,
+        mode: LockMode,
+        tagged: bool,
+    ) -> std::result::Result<(LockMode, u64), LockFailure> {
+        if !tagged {
+            return Self::acquire(timeout, cx, id, mode).map(|m| (m, 0));
+        }
+        let locks = &cx.inner().locks;
+        match locks.try_lock_tagged(cx.id, id, mode) {
+            Err(LockFailure::WouldBlock) => {}
+            r => return r,
+        }
+        let m = Self::acquire(timeout, cx, id, mode)?;
+        Ok((m, locks.tag(id)))
     }
 
     /// Requests `mode` on `id` from the lock table: at once if it can be granted, else

@@ -7,7 +7,8 @@ use std::time::Duration;
 use shoal::lock::latchfree::LatchFreeLockTable;
 use shoal::lock::simple::SimpleLockTable;
 use shoal::lock::{
-    DeadlockPolicy, Granted, LockId, LockMode, LockTable, LockTableFootprint, TxnId, Victim,
+    DeadlockPolicy, Granted, LockFailure, LockId, LockMode, LockTable, LockTableFootprint, TxnId,
+    Victim,
 };
 use shoal::LockTableKind;
 
@@ -81,6 +82,15 @@ impl AnyTable {
 impl LockTable for AnyTable {
     fn acquire(&self, txn: TxnId, id: &LockId, mode: LockMode, wait: Option<Duration>) -> Granted {
         self.t().acquire(txn, id, mode, wait)
+    }
+
+    fn try_lock_tagged(
+        &self,
+        txn: TxnId,
+        id: &LockId,
+        mode: LockMode,
+    ) -> Result<(LockMode, u64), LockFailure> {
+        self.t().try_lock_tagged(txn, id, mode)
     }
 
     fn is_free(&self, id: &LockId) -> bool {

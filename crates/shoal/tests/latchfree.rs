@@ -40,6 +40,7 @@ every_table!(
     timeout_policy_breaks_deadlock_by_timeout,
     many_keys_queue_count,
     tags_outlive_requests,
+    unlock_all_releases_each_lock_with_its_tag_and_grants_waiters,
 );
 
 fn key(k: u8) -> LockId {
@@ -488,6 +489,47 @@ fn tags_outlive_requests(kind: LockTableKind) {
     assert_eq!(tag, t.tag(&k));
     assert_eq!(t.try_lock_tagged(6, &k, S), Err(LockFailure::WouldBlock));
     t.unlock(4, &k);
+    assert_eq!(t.queue_count(), 0);
+}
+
+fn unlock_all_releases_each_lock_with_its_tag_and_grants_waiters(kind: LockTableKind) {
+    let t = table(kind, DeadlockPolicy::WaitForGraph);
+    let k = |i: u32| LockId::Key(i % 3, i.to_le_bytes().to_vec().into_boxed_slice());
+    let mut all: Vec<(LockId, u64)> = (0..300u32)
+        .map(|i| {
+            t.lock(1, &k(i), if i % 2 == 0 { X } else { S }, LONG)
+                .unwrap();
+            (k(i), if i % 2 == 0 { 1000 + u64::from(i) } else { 0 })
+        })
+        .collect();
+    // Another transaction shares one of the S locks, and waits on one X lock and one S.
+    t.lock(2, &k(1), S, LONG).unwrap();
+    let waiter = |key: LockId, mode: LockMode| {
+        let t = t.clone();
+        thread::spawn(move || t.lock(3, &key, mode, LONG))
+    };
+    let w = [waiter(k(10), S), waiter(k(11), X)];
+    wait_until("both waiters queued", || {
+        t.waiters(&k(10)) == 1 && t.waiters(&k(11)) == 1
+    });
+    t.unlock_all(1, &mut all);
+    let [a, b] = w;
+    assert_eq!(a.join().unwrap(), Ok(S));
+    assert_eq!(b.join().unwrap(), Ok(X));
+    for i in 0..300u32 {
+        if i % 2 == 0 {
+            assert!(t.tag(&k(i)) >= 1000 + u64::from(i), "lock {i} lost its tag");
+        }
+        let held = [(1, Some(S)), (10, Some(S)), (11, Some(X))];
+        let by_others = held.iter().find(|h| h.0 == i).and_then(|h| h.1);
+        assert_eq!(t.held_mode(1, &k(i)), N, "lock {i} still held");
+        if by_others.is_none() {
+            assert!(t.is_free(&k(i)), "lock {i} left behind");
+        }
+    }
+    t.unlock(2, &k(1));
+    t.unlock(3, &k(10));
+    t.unlock(3, &k(11));
     assert_eq!(t.queue_count(), 0);
 }
 

@@ -221,6 +221,16 @@ pub trait LockTable: Send + Sync {
     /// outlives the queue: a queue created later for `id` must report at least this tag.
     fn unlock_tagged(&self, txn: TxnId, id: &LockId, tag: u64);
 
+    /// Releases every `(id, tag)` of `txn` as [`unlock_tagged`](Self::unlock_tagged) does
+    /// (tag 0: a plain [`unlock`](Self::unlock)), in any order; `locks` may be reordered. A
+    /// table may release the locks that share a latch under one acquisition of it (a
+    /// transaction's commit releases all its locks at once).
+    fn unlock_all(&self, txn: TxnId, locks: &mut [(LockId, u64)]) {
+        for (id, tag) in locks.iter() {
+            self.unlock_tagged(txn, id, *tag);
+        }
+    }
+
     /// The early-lock-release tag of `id`: the highest commit LSN of a transaction that
     /// released an exclusive lock on it before its commit was durable (0 if none). May be
     /// larger than that (it may be shared with other resources), never smaller.

@@ -147,6 +147,12 @@ struct Queue {
     tag: u64,
 }
 
+thread_local! {
+    /// `unlock_all`'s (shard, hash, index) list, kept for the thread's next release.
+    static SPARE_ORDER: std::cell::Cell<Vec<(usize, u64, usize)>> =
+        const { std::cell::Cell::new(Vec::new()) };
+}
+
 /// Threads to unpark once the shard mutex is released.
 #[derive(Default)]
 struct Wakeups {
@@ -704,12 +710,17 @@ impl SimpleLockTable {
 
     /// The shard of `id`, whose hash is `h`.
     fn shard_of(&self, h: u64, id: &LockId) -> &Mutex<Shard> {
+        &self.shards[self.shard_index(h, id)]
+    }
+
+    /// The index of [`shard_of`](Self::shard_of).
+    fn shard_index(&self, h: u64, id: &LockId) -> usize {
         if self.shard_bits == 0 {
-            return &self.shards[0];
+            return 0;
         }
         // Re-mix so the shard bits are independent of the bits the shard's table uses.
         let mixed = h.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        let i = match id {
+        match id {
             // The keys of one table go to a window of the shards of its own (consecutive
             // table ids get disjoint windows, until they wrap around): threads that work on
             // different tables then touch different shard mutexes and maps, and no cache
@@ -722,8 +733,45 @@ impl SimpleLockTable {
                 (base + (mixed >> (64 - bits)) as usize) & (self.shards.len() - 1)
             }
             _ => (mixed >> (64 - self.shard_bits)) as usize,
+        }
+    }
+
+    /// [`LockTable::unlock_tagged`] in the locked shard `sh` of `id` (hash `h`); graph
+    /// changes and wake-ups are collected for the caller to apply after the shard mutex.
+    #[allow(clippy::too_many_arguments)]
+    fn unlock_in<'a>(
+        &'a self,
+        sh: &mut Shard,
+        txn: TxnId,
+        h: u64,
+        id: &LockId,
+        tag: u64,
+        graph: &mut Option<MutexGuard<'a, Graph>>,
+        wake: &mut Wakeups,
+    ) {
+        let Some(q) = sh.get_mut(h, id) else {
+            return;
         };
-        &self.shards[i]
+        let Some(p) = q.position(txn) else {
+            return;
+        };
+        q.tag = q.tag.max(tag);
+        let had_waiters = q.waiting() > 0;
+        let (r, thread) = q.remove(p);
+        if r.waiting {
+            // Misuse (another thread of `txn` is waiting here): let it notice.
+            if r.in_graph {
+                graph.get_or_insert_with(|| self.graph.lock()).remove(&txn);
+            }
+            if let Some(t) = thread {
+                wake.push(t);
+            }
+        }
+        if q.reqs().is_empty() {
+            sh.remove(h, id);
+        } else {
+            self.after_change(q, had_waiters, graph, wake);
+        }
     }
 
     fn uses_graph(&self) -> bool {
@@ -1080,34 +1128,46 @@ impl LockTable for SimpleLockTable {
     fn unlock_tagged(&self, txn: TxnId, id: &LockId, tag: u64) {
         let h = hash_id(id);
         let mut shard = self.shard_of(h, id).lock();
-        let sh = &mut *shard;
-        let Some(q) = sh.get_mut(h, id) else {
-            return;
-        };
-        let Some(p) = q.position(txn) else {
-            return;
-        };
-        q.tag = q.tag.max(tag);
-        let had_waiters = q.waiting() > 0;
-        let (r, thread) = q.remove(p);
         let (mut graph, mut wake) = (None, Wakeups::default());
-        if r.waiting {
-            // Misuse (another thread of `txn` is waiting here): let it notice.
-            if r.in_graph {
-                graph.get_or_insert_with(|| self.graph.lock()).remove(&txn);
-            }
-            if let Some(t) = thread {
-                wake.push(t);
-            }
-        }
-        if q.reqs().is_empty() {
-            sh.remove(h, id);
-        } else {
-            self.after_change(q, had_waiters, &mut graph, &mut wake);
-        }
+        self.unlock_in(&mut shard, txn, h, id, tag, &mut graph, &mut wake);
         drop(graph);
         drop(shard);
         wake.unpark_all();
+    }
+
+    fn unlock_all(&self, txn: TxnId, locks: &mut [(LockId, u64)]) {
+        if locks.len() < 2 {
+            for (id, tag) in locks.iter() {
+                self.unlock_tagged(txn, id, *tag);
+            }
+            return;
+        }
+        // Sorted by shard: each shard's mutex (and its cache line) is taken once for all
+        // the locks it holds. The order of (shard, hash, index) is kept for the thread's
+        // next release.
+        let mut order = SPARE_ORDER.with(|o| o.take());
+        order.clear();
+        order.extend(locks.iter().enumerate().map(|(i, (id, _))| {
+            let h = hash_id(id);
+            (self.shard_index(h, id), h, i)
+        }));
+        order.sort_unstable_by_key(|&(s, _, _)| s);
+        let mut at = 0;
+        while at < order.len() {
+            let s = order[at].0;
+            let mut shard = self.shards[s].lock();
+            let (mut graph, mut wake) = (None, Wakeups::default());
+            while at < order.len() && order[at].0 == s {
+                let (_, h, i) = order[at];
+                let (id, tag) = &locks[i];
+                self.unlock_in(&mut shard, txn, h, id, *tag, &mut graph, &mut wake);
+                at += 1;
+            }
+            drop(graph);
+            drop(shard);
+            wake.unpark_all();
+        }
+        let _ = SPARE_ORDER.try_with(|o| o.set(order));
     }
 
     fn is_free(&self, id: &LockId) -> bool {

@@ -129,6 +129,12 @@ thread_local! {
         std::cell::Cell::new(FxHashMap::default());
 }
 
+thread_local! {
+    /// The list of locks the thread's last commit released, emptied, kept for the next one.
+    static SPARE_RELEASE: std::cell::Cell<Vec<(LockId, u64)>> =
+        const { std::cell::Cell::new(Vec::new()) };
+}
+
 /// Largest `held` map (in locks it has room for) kept for the next transaction.
 const SPARE_HELD_ROOM: usize = 1024;
 
@@ -358,14 +364,7 @@ impl TwoPl {
     }
 
     pub(super) fn release_all(&mut self, cx: &mut Ctx<'_>) {
-        if self.locking {
-            let locks = &cx.inner().locks;
-            for (id, _) in self.held.drain() {
-                locks.unlock(cx.id, &id);
-            }
-        }
-        self.release_intents(cx);
-        self.collect_ghosts(cx);
+        self.release_all_tagged(cx, 0);
     }
 
     fn release_intents(&mut self, cx: &mut Ctx<'_>) {
@@ -408,14 +407,18 @@ impl TwoPl {
     /// Releases every lock, leaving `tag` (the commit record's end LSN) on the queues of
     /// exclusive ones (SX-ELR).
     pub(super) fn release_all_tagged(&mut self, cx: &mut Ctx<'_>, tag: u64) {
-        if self.locking {
-            let locks = &cx.inner().locks;
-            for (lid, m) in self.held.drain() {
-                if has_exclusive(m) {
-                    locks.unlock_tagged(cx.id, &lid, tag);
-                } else {
-                    locks.unlock(cx.id, &lid);
-                }
+        if self.locking && !self.held.is_empty() {
+            // All at once, so the table can take each of its latches once.
+            let mut all = SPARE_RELEASE.try_with(|s| s.take()).unwrap_or_default();
+            all.extend(
+                self.held
+                    .drain()
+                    .map(|(id, m)| (id, if has_exclusive(m) { tag } else { 0 })),
+            );
+            cx.inner().locks.unlock_all(cx.id, &mut all);
+            all.clear();
+            if all.capacity() <= SPARE_HELD_ROOM {
+                let _ = SPARE_RELEASE.try_with(|s| s.set(all));
             }
         }
         self.release_intents(cx);

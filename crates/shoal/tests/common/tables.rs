@@ -105,6 +105,10 @@ impl LockTable for AnyTable {
         self.t().tag(id)
     }
 
+    fn unlock_all(&self, txn: TxnId, locks: &mut [(LockId, u64)]) {
+        self.t().unlock_all(txn, locks)
+    }
+
     fn footprint(&self) -> LockTableFootprint {
         self.t().footprint()
     }

@@ -168,6 +168,10 @@ pub enum WaitStyle {
 /// How a lock request ends: the mode now held, or why it was not granted.
 pub type Granted = Result<LockMode, LockFailure>;
 
+/// What [`LockTable::try_lock_tagged`] returns: the mode now held and the lock's
+/// early-lock-release tag at the grant.
+pub type TaggedGrant = Result<(LockMode, u64), LockFailure>;
+
 /// The interface every lock table implements. Implementations are shared by all threads.
 ///
 /// A transaction holds at most one request per [`LockId`]; asking again for a lock it holds is
@@ -197,12 +201,7 @@ pub trait LockTable: Send + Sync {
     /// [`tag`](Self::tag) reads it at the grant: a table that can read both in one visit to
     /// the lock saves the second (a transaction under SX-ELR reads the tag of every lock it
     /// takes).
-    fn try_lock_tagged(
-        &self,
-        txn: TxnId,
-        id: &LockId,
-        mode: LockMode,
-    ) -> Result<(LockMode, u64), LockFailure> {
+    fn try_lock_tagged(&self, txn: TxnId, id: &LockId, mode: LockMode) -> TaggedGrant {
         let m = self.try_lock(txn, id, mode)?;
         Ok((m, self.tag(id)))
     }

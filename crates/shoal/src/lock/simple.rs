@@ -69,7 +69,8 @@ use rustc_hash::{FxHashMap, FxHashSet, FxHasher};
 use super::deadlock::{Blocker, Deadlocks, Decision};
 use super::dread::{age_of, pipeline_len};
 use super::{
-    DeadlockPolicy, Granted, LockFailure, LockId, LockMode, LockTable, TableId, TxnId, Victim,
+    DeadlockPolicy, Granted, LockFailure, LockId, LockMode, LockTable, TableId, TaggedGrant, TxnId,
+    Victim,
 };
 
 const SHARD_BITS: u32 = 9;
@@ -1108,12 +1109,7 @@ impl LockTable for SimpleLockTable {
         self.acquire_reading_tag(txn, id, mode, wait, |_| ())
     }
 
-    fn try_lock_tagged(
-        &self,
-        txn: TxnId,
-        id: &LockId,
-        mode: LockMode,
-    ) -> Result<(LockMode, u64), LockFailure> {
+    fn try_lock_tagged(&self, txn: TxnId, id: &LockId, mode: LockMode) -> TaggedGrant {
         let mut tag = 0;
         let m = self.acquire_reading_tag(txn, id, mode, None, |t| tag = t)?;
         Ok((m, tag))

@@ -7,7 +7,7 @@ use std::time::Duration;
 use shoal::lock::latchfree::LatchFreeLockTable;
 use shoal::lock::simple::SimpleLockTable;
 use shoal::lock::{
-    DeadlockPolicy, Granted, LockFailure, LockId, LockMode, LockTable, LockTableFootprint, TxnId,
+    DeadlockPolicy, Granted, LockId, LockMode, LockTable, LockTableFootprint, TaggedGrant, TxnId,
     Victim,
 };
 use shoal::LockTableKind;
@@ -84,12 +84,7 @@ impl LockTable for AnyTable {
         self.t().acquire(txn, id, mode, wait)
     }
 
-    fn try_lock_tagged(
-        &self,
-        txn: TxnId,
-        id: &LockId,
-        mode: LockMode,
-    ) -> Result<(LockMode, u64), LockFailure> {
+    fn try_lock_tagged(&self, txn: TxnId, id: &LockId, mode: LockMode) -> TaggedGrant {
         self.t().try_lock_tagged(txn, id, mode)
     }
 

@@ -1139,8 +1139,7 @@ impl LockTable for SimpleLockTable {
             return;
         }
         // Sorted by shard: each shard's mutex (and its cache line) is taken once for all
-        // the locks it holds. The order of (shard, hash, index) is kept for the thread's
-        // next release.
+        // the locks it holds. The (shard, hash, index) list's buffer is the thread's, reused.
         let mut order = SPARE_ORDER.with(|o| o.take());
         order.clear();
         order.extend(locks.iter().enumerate().map(|(i, (id, _))| {

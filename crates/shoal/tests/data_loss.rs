@@ -644,7 +644,7 @@ fn a_database_stamped_by_a_newer_build_is_refused_and_left_as_it_was() {
 }
 
 #[test]
-fn a_database_of_the_first_format_opens_with_its_data_and_is_stamped_with_this_one() {
+fn a_database_of_the_first_format_is_stamped_with_this_one_once_it_opens() {
     let root = tempfile::tempdir().expect("tempdir");
     let (d, l) = (root.path().join("db"), root.path().join("log"));
     let opts = || Options::default().with_log_dir(Some(l.clone()));
@@ -659,6 +659,23 @@ fn a_database_of_the_first_format_opens_with_its_data_and_is_stamped_with_this_o
     for dir in [&d, &l] {
         std::fs::write(dir.join("SHOAL-ID"), format!("{id}\n")).expect("restamp");
     }
+    // With a damaged commit the open fails and leaves the old stamps (and all else) alone.
+    let (_, seg) = segments(&l).pop().expect("a segment");
+    let orig = std::fs::read(&seg).expect("read segment");
+    let (off, _) = frames(&orig)[1];
+    let mut bytes = orig.clone();
+    bytes[off + 12] ^= 1;
+    std::fs::write(&seg, &bytes).expect("damage");
+    let (db_before, log_before) = (snapshot(&d), snapshot(&l));
+    expect_corrupt(Database::open(&d, opts()));
+    assert_eq!(
+        snapshot(&d),
+        db_before,
+        "the failed open changed the database"
+    );
+    assert_eq!(snapshot(&l), log_before, "the failed open changed the log");
+    std::fs::write(&seg, &orig).expect("repair");
+
     let db = Database::open(&d, opts()).expect("open a format-1 database");
     assert_eq!(dump(&db, "t"), expected_rows(10));
     for dir in [&d, &l] {

@@ -10,7 +10,7 @@
 
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 use crate::log::segment::sync_dir;
@@ -39,9 +39,26 @@ struct Stamp {
     format: u32,
 }
 
-/// Makes sure `dir` has an identity and that `log_dir`, if separate, has the same one, both
-/// stamped with this build's [`FORMAT`]; refuses either if a newer build stamped it.
-pub(super) fn claim(vfs: &dyn Vfs, dir: &Path, log_dir: Option<&Path>) -> Result<()> {
+/// What [`claim`] found to write: the identity, and the directories whose `SHOAL-ID` is
+/// missing or of an older format.
+#[must_use = "the stamps are written only by `stamp`"]
+pub(super) struct Claim {
+    id: String,
+    dirs: Vec<PathBuf>,
+}
+
+impl Claim {
+    /// Writes the identity, stamped with this build's [`FORMAT`], where it is missing or
+    /// older. Called once the database has been recovered, so an open that fails (a newer
+    /// format, damage) changes nothing on disk.
+    pub(super) fn stamp(self, vfs: &dyn Vfs) -> Result<()> {
+        self.dirs.iter().try_for_each(|d| write(vfs, d, &self.id))
+    }
+}
+
+/// Checks that `dir`'s identity, if any, and `log_dir`'s, if separate, are the same and in a
+/// format this build reads; returns what to write once the database has opened.
+pub(super) fn claim(vfs: &dyn Vfs, dir: &Path, log_dir: Option<&Path>) -> Result<Claim> {
     let own = read(vfs, dir)?;
     let log = match log_dir {
         Some(l) => read(vfs, l)?,
@@ -60,19 +77,15 @@ pub(super) fn claim(vfs: &dyn Vfs, dir: &Path, log_dir: Option<&Path>) -> Result
         }
     }
     let id = own.as_ref().map_or_else(fresh, |s| s.id.clone());
-    stamp(vfs, dir, own.as_ref(), &id)?;
-    match log_dir {
-        Some(l) => stamp(vfs, l, log.as_ref(), &id),
-        None => Ok(()),
+    let stale = |found: &Option<Stamp>| found.as_ref().is_none_or(|s| s.format != FORMAT);
+    let mut dirs = Vec::new();
+    if stale(&own) {
+        dirs.push(dir.to_path_buf());
     }
-}
-
-/// Writes `dir`'s stamp unless it already says `id` in this build's format.
-fn stamp(vfs: &dyn Vfs, dir: &Path, found: Option<&Stamp>, id: &str) -> Result<()> {
-    match found {
-        Some(s) if s.format == FORMAT => Ok(()),
-        _ => write(vfs, dir, id),
+    if let Some(l) = log_dir.filter(|_| stale(&log)) {
+        dirs.push(l.to_path_buf());
     }
+    Ok(Claim { id, dirs })
 }
 
 fn read(vfs: &dyn Vfs, dir: &Path) -> Result<Option<Stamp>> {

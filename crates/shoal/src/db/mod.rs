@@ -290,7 +290,7 @@ impl Database {
         if separate {
             locks.push(vfs.lock_dir(&log_dir).map_err(on("lock", &log_dir))?);
         }
-        identity::claim(&*vfs, dir, separate.then_some(&*log_dir))?;
+        let claim = identity::claim(&*vfs, dir, separate.then_some(&*log_dir))?;
         let record_limit = if opts.log == LogMode::None {
             u64::MAX
         } else {
@@ -299,6 +299,8 @@ impl Database {
         checkpoint::remove_unfinished(&*vfs, dir)?;
         let db_id = NEXT_DB_ID.fetch_add(1, Ordering::Relaxed);
         let (tables, stats) = recover(&*vfs, dir, &log_dir, db_id)?;
+        // Only now, so that an open that fails leaves the identity files as they were.
+        claim.stamp(&*vfs)?;
         let log = if opts.log == LogMode::None {
             None
         } else {

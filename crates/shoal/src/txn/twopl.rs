@@ -53,7 +53,7 @@ use crate::db::{DbInner, LogMode, Table, TableSlots};
 use crate::error::{show_key, Error, Result};
 use crate::lock::intent::{LightweightIntentLocks, PrivateIntents};
 use crate::lock::modes::{cursor_mode, CursorDir, CursorStep, Part};
-use crate::lock::{LockFailure, LockId, LockMode, TxnId};
+use crate::lock::{LockFailure, LockId, LockMode, TaggedGrant, TxnId};
 use crate::storage::btree::{LeafHint, Record};
 
 /// One undo entry: the before-image of a record this transaction changed.
@@ -127,9 +127,6 @@ thread_local! {
     /// map from nothing every time.
     static SPARE_HELD: std::cell::Cell<FxHashMap<LockId, LockMode>> =
         std::cell::Cell::new(FxHashMap::default());
-}
-
-thread_local! {
     /// The list of locks the thread's last commit released, emptied, kept for the next one.
     static SPARE_RELEASE: std::cell::Cell<Vec<(LockId, u64)>> =
         const { std::cell::Cell::new(Vec::new()) };
@@ -264,7 +261,7 @@ impl TwoPl {
         id: &LockId,
         mode: LockMode,
         tagged: bool,
-    ) -> std::result::Result<(LockMode, u64), LockFailure> {
+    ) -> TaggedGrant {
         if !tagged {
             return Self::acquire(timeout, cx, id, mode).map(|m| (m, 0));
         }

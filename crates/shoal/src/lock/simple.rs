@@ -1140,7 +1140,7 @@ impl LockTable for SimpleLockTable {
         }
         // Sorted by shard: each shard's mutex (and its cache line) is taken once for all
         // the locks it holds. The (shard, hash, index) list's buffer is the thread's, reused.
-        let mut order = SPARE_ORDER.with(|o| o.take());
+        let mut order = SPARE_ORDER.try_with(|o| o.take()).unwrap_or_default();
         order.clear();
         order.extend(locks.iter().enumerate().map(|(i, (id, _))| {
             let h = hash_id(id);

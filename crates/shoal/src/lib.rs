@@ -61,7 +61,7 @@ pub use admission::{Admission, AdmissionStats};
 pub use db::CheckpointStatus;
 pub use db::{
     ConcurrencyControl, Database, Elr, IntentLockKind, LockTableKind, LogMode, Options,
-    RecoveryStats, Table,
+    RecoveryStats, Table, MAX_DURATION,
 };
 pub use doppel::{DoppelOptions, DoppelStats, SplitOp, StashQueue};
 pub use error::{Error, Result};

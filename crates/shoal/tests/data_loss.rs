@@ -991,3 +991,82 @@ fn unfinished_checkpoint_tmp_file_is_removed_at_open() {
     );
     assert_eq!(dump(&db, "t"), expected_rows(15));
 }
+
+/// Limits hold for every database, in memory and on disk with or without a log: a key limit
+/// past what a page has room for used to be checked only when logging, and a 40 KB key then
+/// panicked in the tree; sizes and counts past what can be allocated, and durations that
+/// overflowed a deadline (`Duration::MAX` for "never"), panicked or hung a background
+/// thread.
+#[test]
+fn options_past_what_the_engine_can_hold_are_refused_or_capped_on_every_open() {
+    use shoal::{Admission, MAX_DURATION};
+    use std::time::Duration;
+    let refused = |o: Options, what: &str| {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for (how, r) in [
+            (
+                "in memory",
+                Database::try_in_memory_with(o.clone()).map(drop),
+            ),
+            (
+                "without a log",
+                Database::open(dir.path(), o.clone().with_log(LogMode::None)).map(drop),
+            ),
+            (
+                "with a log",
+                Database::open(dir.path(), o.clone()).map(drop),
+            ),
+        ] {
+            match r {
+                Err(Error::InvalidOptions(msg)) => assert!(msg.contains(what), "{how}: {msg}"),
+                Err(e) => panic!("{how}: expected InvalidOptions about {what}, got {e:?}"),
+                Ok(()) => panic!("{how}: {what} was accepted"),
+            }
+        }
+    };
+    refused(Options::default().with_max_key_len(1 << 20), "max_key_len");
+    refused(
+        Options::default().with_admission(Admission::Limit(usize::MAX)),
+        "slots",
+    );
+    let logged_refused = |o: Options, what: &str| {
+        let dir = tempfile::tempdir().expect("tempdir");
+        match Database::open(dir.path(), o) {
+            Err(Error::InvalidOptions(msg)) => assert!(msg.contains(what), "{msg}"),
+            Err(e) => panic!("expected InvalidOptions about {what}, got {e:?}"),
+            Ok(_) => panic!("{what} was accepted"),
+        }
+    };
+    logged_refused(
+        Options::default().with_log_segment_size(u64::MAX),
+        "log_segment_size",
+    );
+    logged_refused(Options::default().with_log_buffer(usize::MAX), "log_buffer");
+    logged_refused(
+        Options::default().with_max_value_len(usize::MAX),
+        "max_value_len",
+    );
+
+    // "Never" is a year, and every background thread runs with it.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let never = Options::default()
+        .with_lock_timeout(Duration::MAX)
+        .with_async_flush_delay(Duration::MAX)
+        .with_checkpoint_interval(Some(Duration::MAX))
+        .with_admission_quantum(Duration::MAX)
+        .with_log(LogMode::Async);
+    for _ in 0..2 {
+        let db = Database::open(dir.path(), never.clone()).expect("open with Duration::MAX");
+        assert_eq!(db.options().lock_timeout, MAX_DURATION);
+        assert_eq!(db.options().checkpoint_interval, Some(MAX_DURATION));
+        let t = db
+            .create_table("t")
+            .or_else(|_| db.table("t"))
+            .expect("table");
+        db.run(|tx| tx.put(&t, "k", "v")).expect("commit");
+        db.checkpoint().expect("checkpoint");
+    }
+    let db = Database::try_in_memory_with(never).expect("in memory with Duration::MAX");
+    let t = db.create_table("t").expect("create");
+    db.run(|tx| tx.put(&t, "k", "v")).expect("commit");
+}

@@ -143,7 +143,15 @@ impl Database {
                 name: name.to_string(),
             });
         }
-        let id = TableId::try_from(tables.len() + 1)
+        // One past the highest id (ids are dense, but a recovered catalog is not trusted to
+        // be: reusing an id would mix two tables' rows on the next recovery).
+        let next = tables
+            .values()
+            .map(|t| t.inner.id as usize)
+            .max()
+            .unwrap_or(0)
+            + 1;
+        let id = TableId::try_from(next)
             .ok()
             .filter(|&id| (id as usize) < MAX_TABLES)
             .ok_or_else(|| Error::InvalidTableName {

@@ -14,7 +14,9 @@ pub use catalog::Table;
 pub(crate) use catalog::{TableSlots, MAX_TABLES};
 
 pub use checkpointing::CheckpointStatus;
-pub use options::{ConcurrencyControl, Elr, IntentLockKind, LockTableKind, LogMode, Options};
+pub use options::{
+    ConcurrencyControl, Elr, IntentLockKind, LockTableKind, LogMode, Options, MAX_DURATION,
+};
 use recovery::recover;
 pub use recovery::RecoveryStats;
 
@@ -87,17 +89,24 @@ pub(crate) struct Disk {
 /// bytes of writes one transaction may log.
 fn check_limits(opts: &Options) -> Result<u64> {
     use crate::log::record::{FRAME_HEADER, MAX_PAYLOAD};
+    if opts.log_buffer > MAX_LOG_BUFFER {
+        return Err(Error::InvalidOptions(format!(
+            "log_buffer {} is more than the {MAX_LOG_BUFFER} bytes allowed",
+            opts.log_buffer
+        )));
+    }
+    if opts.log_segment_size > MAX_SEGMENT_SIZE {
+        return Err(Error::InvalidOptions(format!(
+            "log_segment_size {} is more than the {MAX_SEGMENT_SIZE} bytes allowed",
+            opts.log_segment_size
+        )));
+    }
     let ring = opts.log_buffer.next_power_of_two().max(1 << 16);
     // The frame header, record kind, transaction id and counts.
     let limit = ring.min(MAX_PAYLOAD + FRAME_HEADER) as u64 - 32;
-    if opts.max_key_len > crate::storage::page::MAX_KEY {
-        return Err(Error::InvalidOptions(format!(
-            "max_key_len {} is more than the {} bytes a page guarantees room for",
-            opts.max_key_len,
-            crate::storage::page::MAX_KEY
-        )));
-    }
-    let one = opts.max_key_len as u64 + opts.max_value_len as u64 + 16;
+    let one = (opts.max_key_len as u64)
+        .saturating_add(opts.max_value_len as u64)
+        .saturating_add(16);
     if one > limit {
         return Err(Error::InvalidOptions(format!(
             "a write of the longest key ({} bytes) and value ({} bytes) takes {one} bytes of \
@@ -115,7 +124,20 @@ fn check_limits(opts: &Options) -> Result<u64> {
 /// Dreadlocks, whose cycles have two sides to choose from. The waits-for graph aborts the
 /// transaction its search finds the cycle from, and the prevention policies name their own
 /// victim, so a kill-short or kill-long there would be silently ignored: refused instead.
-fn check_deadlock(opts: &Options) -> Result<()> {
+/// The largest log buffer [`Options::log_buffer`] may ask for (4 GiB).
+const MAX_LOG_BUFFER: usize = 1 << 32;
+/// The largest log segment [`Options::log_segment_size`] may ask for (1 TiB).
+const MAX_SEGMENT_SIZE: u64 = 1 << 40;
+/// The most running transactions [`Admission::Limit`](crate::Admission::Limit) and Doppel
+/// worker slots ([`DoppelOptions::slots`](crate::doppel::DoppelOptions::slots)) may ask for.
+const MAX_SLOTS: usize = 1 << 16;
+
+/// Checks what every database checks of its options, in memory or on disk, and returns them
+/// with every duration capped at [`MAX_DURATION`] (so that
+/// `Duration::MAX`, "never", cannot overflow a deadline): a victim rule only with a policy
+/// that uses it, keys no longer than a page guarantees room for, and slot counts that can be
+/// allocated.
+fn check_options(mut opts: Options) -> Result<Options> {
     use crate::lock::{DeadlockPolicy, Victim};
     if opts.victim != Victim::KillYoung && !matches!(opts.deadlock, DeadlockPolicy::Dreadlocks(_)) {
         return Err(Error::InvalidOptions(format!(
@@ -124,7 +146,33 @@ fn check_deadlock(opts: &Options) -> Result<()> {
             opts.victim, opts.deadlock
         )));
     }
-    Ok(())
+    if opts.max_key_len > crate::storage::page::MAX_KEY {
+        return Err(Error::InvalidOptions(format!(
+            "max_key_len {} is more than the {} bytes a page guarantees room for",
+            opts.max_key_len,
+            crate::storage::page::MAX_KEY
+        )));
+    }
+    let slots = match opts.admission {
+        crate::Admission::Limit(n) => n.max(opts.doppel.slots),
+        _ => opts.doppel.slots,
+    };
+    if slots > MAX_SLOTS {
+        return Err(Error::InvalidOptions(format!(
+            "{slots} admission or Doppel slots asked for; at most {MAX_SLOTS}"
+        )));
+    }
+    let cap = |d: &mut Duration| *d = (*d).min(options::MAX_DURATION);
+    cap(&mut opts.lock_timeout);
+    cap(&mut opts.log_latency);
+    cap(&mut opts.async_flush_delay);
+    cap(&mut opts.admission_quantum);
+    cap(&mut opts.doppel.split_phase);
+    cap(&mut opts.doppel.classify_interval);
+    if let Some(d) = &mut opts.checkpoint_interval {
+        cap(d);
+    }
+    Ok(opts)
 }
 
 impl DbInner {
@@ -225,7 +273,7 @@ impl Database {
     /// assert!(matches!(Database::try_in_memory_with(o), Err(Error::InvalidOptions(_))));
     /// ```
     pub fn try_in_memory_with(opts: Options) -> Result<Database> {
-        check_deadlock(&opts)?;
+        let opts = check_options(opts)?;
         let id = NEXT_DB_ID.fetch_add(1, Ordering::Relaxed);
         Ok(Self::build(
             opts,
@@ -279,7 +327,7 @@ impl Database {
 
     /// [`open`](Self::open) on the file system `vfs`.
     pub(crate) fn open_on(vfs: Arc<dyn Vfs>, dir: &Path, opts: Options) -> Result<Database> {
-        check_deadlock(&opts)?;
+        let opts = check_options(opts)?;
         vfs.create_dir_all(dir).map_err(on("create-dir", dir))?;
         let mut locks = vec![vfs.lock_dir(dir).map_err(on("lock", dir))?];
         let log_dir = opts.log_dir.clone().unwrap_or_else(|| dir.to_path_buf());

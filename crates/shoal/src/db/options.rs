@@ -127,6 +127,18 @@ pub enum Elr {
     SxUnsafe,
 }
 
+/// The longest duration an option may give: a database opened with a longer one (such as
+/// `Duration::MAX`, meaning "never") uses this instead, a year, which no wait outlasts in
+/// practice and which cannot overflow a deadline.
+///
+/// ```
+/// use std::time::Duration;
+/// let o = shoal::Options::default().with_lock_timeout(Duration::MAX);
+/// let db = shoal::Database::in_memory_with(o);
+/// assert_eq!(db.options().lock_timeout, shoal::MAX_DURATION);
+/// ```
+pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+
 /// Settings of a [`Database`].
 ///
 /// Start from [`Options::default()`] and change what you need with the `with_*` methods,

@@ -69,13 +69,24 @@ pub(super) fn redo(
         }
     };
     let n = (writes.len() + ops.len()) as u64;
+    // No database accepts a longer key (`Options::max_key_len` is at most this), and the
+    // tree has no room for one.
+    let key = |k: Vec<u8>| {
+        if k.len() > crate::storage::page::MAX_KEY {
+            return Err(corrupt(&format!(
+                "a key of {} bytes, more than any database accepts",
+                k.len()
+            )));
+        }
+        Ok(k)
+    };
     for w in writes {
-        f(w.table, w.key, Redo::Put(w.value))?;
+        f(w.table, key(w.key)?, Redo::Put(w.value))?;
     }
     for o in ops {
         let d = crate::doppel::Delta::decode(&o.op)
             .ok_or_else(|| corrupt("an undecodable split operation"))?;
-        f(o.table, o.key, Redo::Op(d))?;
+        f(o.table, key(o.key)?, Redo::Op(d))?;
     }
     Ok(n)
 }
@@ -96,20 +107,35 @@ pub(super) fn recover(
                  at: (&Path, u64)|
      -> Result<u64> {
         if let LogRecord::CreateTable { id, name } = &rec {
-            if *id as usize >= MAX_TABLES {
-                return Err(Error::Corrupt {
-                    path: at.0.to_path_buf(),
-                    offset: at.1,
-                    detail: format!(
-                        "a create-table record names table id {id}, beyond the limit of {} \
-                             tables",
-                        MAX_TABLES - 1
-                    ),
-                });
+            let corrupt = |detail: String| Error::Corrupt {
+                path: at.0.to_path_buf(),
+                offset: at.1,
+                detail,
+            };
+            if *id == 0 || *id as usize >= MAX_TABLES {
+                return Err(corrupt(format!(
+                    "a create-table record names table id {id}, outside 1..{MAX_TABLES}"
+                )));
             }
-            by_id
-                .entry(*id)
-                .or_insert_with(|| new_table(*id, name, db_id));
+            // A table is created once under one name and one id (a checkpoint and the log
+            // after it may both name it): any other pairing would put one table's rows
+            // under another's name.
+            if let Some(t) = by_id.get(id) {
+                if t.inner.name != *name {
+                    return Err(corrupt(format!(
+                        "a create-table record names table id {id} {name:?}, already {:?}",
+                        t.inner.name
+                    )));
+                }
+                return Ok(0);
+            }
+            if let Some(t) = by_id.values().find(|t| t.inner.name == *name) {
+                return Err(corrupt(format!(
+                    "a create-table record names table {name:?} id {id}, already id {}",
+                    t.inner.id
+                )));
+            }
+            by_id.insert(*id, new_table(*id, name, db_id));
             return Ok(0);
         }
         redo(rec, at, |table, key, r| {
@@ -154,4 +180,151 @@ pub(super) fn recover(
         .map(|t| (t.inner.name.clone(), t))
         .collect();
     Ok((tables, stats))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::log::record::Write;
+
+    /// Appends `rec` to the log of `db` and waits until it is durable, as a commit would.
+    fn log_raw(db: &Database, rec: &LogRecord) {
+        let log = db.inner.log.as_ref().expect("a logged database");
+        let (_, end) = log.insert(&rec.encode()).expect("insert");
+        log.wait_durable(end).expect("durable");
+    }
+
+    fn is_corrupt(r: Result<Database>, what: &str) -> bool {
+        match r {
+            Err(Error::Corrupt { detail, .. }) => detail.contains(what),
+            Err(e) => panic!("expected Corrupt ({what}), got {e}"),
+            Ok(_) => false,
+        }
+    }
+
+    #[test]
+    fn a_logged_key_longer_than_any_database_accepts_fails_open_as_corrupt() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let db = Database::open(dir.path(), Options::default()).unwrap();
+            let t = db.create_table("t").unwrap();
+            db.run(|tx| tx.put(&t, "k", "v")).unwrap();
+            // Two keys a page cannot hold beside each other: replaying them used to panic
+            // in the tree's split.
+            for b in [1u8, 2] {
+                log_raw(
+                    &db,
+                    &LogRecord::Commit {
+                        txn: 1_000 + u64::from(b),
+                        writes: vec![Write {
+                            table: t.inner.id,
+                            key: vec![b; 20_000],
+                            value: Some(b"v".to_vec()),
+                        }],
+                    },
+                );
+            }
+        }
+        let r = Database::open(dir.path(), Options::default());
+        assert!(is_corrupt(r, "more than any database accepts"));
+    }
+
+    #[test]
+    fn a_table_id_logged_under_two_names_fails_open_as_corrupt() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let db = Database::open(dir.path(), Options::default()).unwrap();
+            let a = db.create_table("a").unwrap();
+            log_raw(
+                &db,
+                &LogRecord::CreateTable {
+                    id: a.inner.id,
+                    name: "b".into(),
+                },
+            );
+        }
+        let r = Database::open(dir.path(), Options::default());
+        assert!(is_corrupt(r, "already \"a\""));
+    }
+
+    #[test]
+    fn a_table_name_logged_under_two_ids_fails_open_as_corrupt() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let db = Database::open(dir.path(), Options::default()).unwrap();
+            db.create_table("a").unwrap();
+            log_raw(
+                &db,
+                &LogRecord::CreateTable {
+                    id: 7,
+                    name: "a".into(),
+                },
+            );
+        }
+        let r = Database::open(dir.path(), Options::default());
+        assert!(is_corrupt(r, "already id 1"));
+    }
+
+    #[test]
+    fn a_new_table_never_reuses_the_id_of_a_recovered_one() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let db = Database::open(dir.path(), Options::default()).unwrap();
+            db.create_table("a").unwrap();
+            // Ids with a gap (1 and 3): a new table numbered by the table count would be
+            // 3 too, and its rows would be replayed into "c".
+            log_raw(
+                &db,
+                &LogRecord::CreateTable {
+                    id: 3,
+                    name: "c".into(),
+                },
+            );
+        }
+        {
+            let db = Database::open(dir.path(), Options::default()).unwrap();
+            let c = db.table("c").unwrap();
+            let d = db.create_table("d").unwrap();
+            assert_ne!(c.inner.id, d.inner.id);
+            db.run(|tx| {
+                tx.put(&c, "k", "in c")?;
+                tx.put(&d, "k", "in d")
+            })
+            .unwrap();
+        }
+        let db = Database::open(dir.path(), Options::default()).unwrap();
+        let (c, d) = (db.table("c").unwrap(), db.table("d").unwrap());
+        assert_eq!(
+            db.run(|tx| tx.get(&c, "k")).unwrap(),
+            Some(b"in c".to_vec())
+        );
+        assert_eq!(
+            db.run(|tx| tx.get(&d, "k")).unwrap(),
+            Some(b"in d".to_vec())
+        );
+    }
+
+    #[test]
+    fn a_log_file_named_past_any_lsn_fails_open_as_corrupt() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let db = Database::open(dir.path(), Options::default()).unwrap();
+            db.create_table("a").unwrap();
+        }
+        for lsn in [u64::MAX, crate::log::record::MAX_LSN + 1] {
+            let p = segment::path(dir.path(), lsn);
+            std::fs::write(&p, []).unwrap();
+            let r = Database::open(dir.path(), Options::default());
+            assert!(is_corrupt(r, "beyond any log's end"));
+            std::fs::remove_file(&p).unwrap();
+        }
+        let p = dir.path().join(format!("checkpoint-{}.ckpt", u64::MAX));
+        std::fs::write(&p, []).unwrap();
+        assert!(is_corrupt(
+            Database::open(dir.path(), Options::default()),
+            "beyond any log's end"
+        ));
+        std::fs::remove_file(&p).unwrap();
+        assert!(Database::open(dir.path(), Options::default()).is_ok());
+    }
 }

@@ -23,6 +23,10 @@
 pub const FRAME_HEADER: usize = 8;
 /// Largest payload accepted when decoding (guards against reading garbage lengths).
 pub const MAX_PAYLOAD: usize = 1 << 30;
+/// The highest LSN a log may reach (2^62 bytes, centuries of logging at any rate): a file
+/// named with a higher one is damaged or foreign, and LSN arithmetic stays far from
+/// overflowing.
+pub const MAX_LSN: u64 = 1 << 62;
 /// The bit of a frame's `len` field that marks the first frame of a flush of the log (see the
 /// module documentation); the payload's length is the field without it.
 pub const FLUSH_START: u32 = 1 << 31;

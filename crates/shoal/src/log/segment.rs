@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::record::{decode_frame_at, starts_flush, Frame, LogRecord, FRAME_HEADER};
+use super::record::{decode_frame_at, starts_flush, Frame, LogRecord, FRAME_HEADER, MAX_LSN};
 use crate::error::{Error, Result};
 use crate::vfs::{on, VFile, Vfs};
 
@@ -66,7 +66,18 @@ pub(crate) fn list_numbered(
             .and_then(|n| n.strip_suffix(suffix))
         {
             if let Ok(n) = num.parse::<u64>() {
-                v.push((n, dir.join(&name)));
+                let path = dir.join(&name);
+                if n > MAX_LSN {
+                    // No log reaches this (2^62 bytes); arithmetic on LSNs past it could
+                    // overflow. A damaged or foreign name, not one to skip: it may hold
+                    // the only copy of committed data.
+                    return Err(Error::Corrupt {
+                        path,
+                        offset: 0,
+                        detail: format!("a file name with LSN {n}, beyond any log's end"),
+                    });
+                }
+                v.push((n, path));
             }
         }
     }

@@ -86,7 +86,7 @@ pub fn parse_theta(s: &str) -> Result<f64, String> {
     if v.is_finite() && (0.0..=10.0).contains(&v) {
         Ok(v)
     } else {
-        Err(format!("{v}: theta must be between 0 (uniform) and 10"))
+        Err(format!("{}: must be between 0 (uniform) and 10", s.trim()))
     }
 }
 
@@ -151,7 +151,7 @@ mod tests {
         }
         assert_eq!(
             parse_theta("-1"),
-            Err("-1: theta must be between 0 (uniform) and 10".into())
+            Err("-1: must be between 0 (uniform) and 10".into())
         );
         assert!(parse_h("0").is_err() && parse_h("0.6").is_err());
         assert!(matches!(KeyDist::Zipf(0.0).over(9), Sampler::Uniform(9)));

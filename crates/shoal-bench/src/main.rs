@@ -271,7 +271,10 @@ fn parse_secs(s: &str) -> Result<f64, String> {
     if v.is_finite() && (0.0..=1e6).contains(&v) {
         Ok(v)
     } else {
-        Err(format!("{v} is not a number of seconds between 0 and 1e6"))
+        Err(format!(
+            "{} is not a number of seconds between 0 and 1e6",
+            s.trim()
+        ))
     }
 }
 

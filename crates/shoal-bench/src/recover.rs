@@ -11,27 +11,24 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use shoal::{Database, Options};
 
-/// Bytes of the log segment files in `dir` (`log-*.seg`), and of checkpoint files (`*.ckpt`).
+/// Bytes of the log segment files in `dir` (`log-*.seg`), and of checkpoint files (`*.ckpt`):
+/// the database's own, not those of databases in subdirectories.
 fn log_and_checkpoint_bytes(dir: &Path) -> (u64, u64) {
     let (mut log, mut ckpt) = (0, 0);
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&d) else {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return (0, 0);
+    };
+    for e in rd.flatten() {
+        let Ok(md) = e.metadata() else { continue };
+        if !md.is_file() {
             continue;
-        };
-        for e in rd.flatten() {
-            let p = e.path();
-            let Ok(md) = e.metadata() else { continue };
-            if md.is_dir() {
-                stack.push(p);
-                continue;
-            }
-            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
-            if name.ends_with(".ckpt") {
-                ckpt += md.len();
-            } else if name.ends_with(".seg") {
-                log += md.len();
-            }
+        }
+        let p = e.path();
+        let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if name.ends_with(".ckpt") {
+            ckpt += md.len();
+        } else if name.ends_with(".seg") {
+            log += md.len();
         }
     }
     (log, ckpt)
@@ -59,6 +56,13 @@ pub fn run(dir: &PathBuf, tables: bool) -> anyhow::Result<()> {
     anyhow::ensure!(
         dir.is_dir(),
         "{} is not a database directory",
+        dir.display()
+    );
+    // Opening creates a database where there is none: recovering one that is not there
+    // would report success and leave a new, empty database behind.
+    anyhow::ensure!(
+        dir.join("SHOAL-ID").is_file(),
+        "{} holds no shoal database (no SHOAL-ID file); nothing to recover",
         dir.display()
     );
     let (log_bytes, ckpt_bytes) = log_and_checkpoint_bytes(dir);

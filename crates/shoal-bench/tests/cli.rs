@@ -106,12 +106,12 @@ fn lock_options_without_a_locking_cc_are_refused() {
     }
 }
 
-/// A victim rule other than kill-young with a policy that chooses its own victim is refused
-/// by the engine, with a message naming Dreadlocks.
+/// A victim rule other than kill-young with a policy that chooses its own victim cannot
+/// run: alone, the sweep has nothing left to run and fails.
 #[test]
 fn a_victim_rule_without_dreadlocks_is_refused() {
     let stderr = bench_fails("--cc 2pl --deadlock no-wait --victim kill-short");
-    assert!(stderr.contains("applies to Dreadlocks only"), "{stderr}");
+    assert!(stderr.contains("no combination"), "{stderr}");
 }
 
 #[test]
@@ -152,6 +152,67 @@ fn tiny_tpcc_full_mix_reports_per_type_and_passes_the_check() {
         let rolled: u64 = per.iter().map(|t| t["rolled_back"].as_u64().unwrap()).sum();
         assert_eq!(rolled, per[0]["rolled_back"].as_u64().unwrap());
         assert_eq!(rolled, r["rolled_back"].as_u64().unwrap());
+    }
+}
+
+/// `shoal recover` on a directory without a database refuses, and leaves the directory as
+/// it was: opening it would have created an empty database and reported it recovered.
+#[test]
+fn recover_refuses_a_directory_without_a_database() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("empty")).unwrap();
+    std::fs::create_dir(dir.path().join("other")).unwrap();
+    std::fs::write(dir.path().join("other/notes.txt"), "not a database").unwrap();
+    for d in ["empty", "other"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_shoal"))
+            .current_dir(dir.path())
+            .args(["recover", d])
+            .output()
+            .expect("run shoal");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "recover {d} succeeded");
+        assert!(stderr.contains("no shoal database"), "{stderr}");
+        let left: Vec<_> = std::fs::read_dir(dir.path().join(d))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(left.len(), usize::from(d == "other"), "{d}: {left:?}");
+    }
+}
+
+/// A victim rule with a policy that chooses its own victim is skipped with a note, like the
+/// sweep's other non-combinations; before, the sweep stopped there with the engine's error.
+#[test]
+fn a_victim_rule_is_skipped_where_the_deadlock_policy_chooses_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let (stdout, stderr) = shoal(
+        dir.path(),
+        "bench tpcb --scale 1 --threads 1 --warmup 0 --duration 0.2 --no-progress --cc 2pl \
+         --deadlock dreadlocks-spin,wait-die --victim kill-short",
+    );
+    let all = format!("{stdout}{stderr}");
+    assert!(all.contains("deadlock=wait-die victim=kill-short"), "{all}");
+    assert!(
+        all.contains("the other --deadlock policies choose their own"),
+        "{all}"
+    );
+    assert!(stdout.contains("dreadlocks-spin"), "{stdout}");
+}
+
+/// Values that would overflow a duration or allocate without bound are usage errors.
+#[test]
+fn out_of_range_windows_and_admission_are_usage_errors() {
+    for args in [
+        "exp E1 --quick --duration 1e20",
+        "exp E1 --quick --warmup 1e300",
+        "exp E1 --quick --duration 0",
+        "bench --admission 100000000000",
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_shoal"))
+            .args(args.split_whitespace())
+            .output()
+            .expect("run shoal");
+        assert_eq!(out.status.code(), Some(2), "shoal {args}");
     }
 }
 

@@ -299,10 +299,11 @@ fn parse_admission(s: &str) -> Result<Setting, String> {
         "off" => Admission::Off,
         "auto" => Admission::Auto,
         n => match n.parse::<usize>() {
-            Ok(n) if n > 0 => Admission::Limit(n),
+            Ok(n) if (1..=4096).contains(&n) => Admission::Limit(n),
             _ => {
                 return Err(format!(
-                    "{s:?}: give `off`, `auto` or a number of running transactions (1 or more)"
+                    "{s:?}: give `off`, `auto` or a number of running transactions (1 to 4096, \
+                     as many as --threads allows)"
                 ))
             }
         },

@@ -475,6 +475,18 @@ impl RunConfig {
                 self.point.describe()
             ));
         }
+        let o = &self.options;
+        if o.victim != shoal::Victim::KillYoung
+            && !matches!(o.deadlock, shoal::DeadlockPolicy::Dreadlocks(_))
+        {
+            // The engine refuses this pairing at open; a sweep skips it with its other
+            // non-combinations instead of stopping half way.
+            return Some(format!(
+                "skipping {}: --victim applies to Dreadlocks only; the other --deadlock \
+                 policies choose their own victim",
+                self.point.describe()
+            ));
+        }
         None
     }
 

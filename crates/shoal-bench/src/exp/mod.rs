@@ -43,11 +43,11 @@ pub struct ExpArgs {
     pub out: PathBuf,
 
     /// Override every run's measurement window, seconds.
-    #[arg(long, value_name = "SECS")]
+    #[arg(long, value_name = "SECS", value_parser = crate::parse_positive_secs)]
     pub duration: Option<f64>,
 
     /// Override every run's warm-up, seconds.
-    #[arg(long, value_name = "SECS")]
+    #[arg(long, value_name = "SECS", value_parser = crate::parse_secs)]
     pub warmup: Option<f64>,
 
     /// Print per-interval lines every SECS seconds in every run (as `shoal bench
@@ -224,13 +224,6 @@ pub fn run(a: &ExpArgs) -> anyhow::Result<()> {
         let ids: Vec<&str> = REGISTRY.iter().map(|e| e.id).collect();
         anyhow!("no experiment {:?}; registered: {}", a.id, ids.join(", "))
     })?;
-    for (name, v) in [("duration", a.duration), ("warmup", a.warmup)] {
-        if let Some(v) = v {
-            if !(v.is_finite() && v >= 0.0 && (name == "warmup" || v > 0.0)) {
-                bail!("--{name} {v} is not a valid number of seconds");
-            }
-        }
-    }
     let groups = (e.groups)(a.quick);
     // Parse every sweep before running any.
     let mut benches = Vec::new();

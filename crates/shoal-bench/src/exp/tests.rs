@@ -141,9 +141,13 @@ fn series_name_the_sweep_and_the_options_varying_in_it() {
 fn time_panels_plot_the_samples() {
     let groups = vec![Group::new("t", TIME)
         .metrics(&[Metric::Completed, Metric::IntervalTps])
-        .sweep("", "tpcb --victim kill-short,kill-long --csv x.csv")];
+        .sweep(
+            "",
+            "tpcb --deadlock dreadlocks-backoff --victim kill-short,kill-long --csv x.csv",
+        )];
     let done = runs(
-        ["kill-short", "kill-long"].map(|v| format!("tpcb --victim {v}")),
+        ["kill-short", "kill-long"]
+            .map(|v| format!("tpcb --deadlock dreadlocks-backoff --victim {v}")),
         &[sample(1.0, 10, 10.0), sample(2.0, 20, 10.0)],
     );
     let e = find("E5").unwrap();

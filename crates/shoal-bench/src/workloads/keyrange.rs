@@ -50,7 +50,7 @@ pub struct KeyRangeWorker {
 impl KeyRange {
     /// Creates table `counters` with `rows` counters at 0.
     pub fn load(db: &Database, rows: u64, progress: &ProgressBar) -> anyhow::Result<KeyRange> {
-        ensure!(rows >= 2, "--rows must be at least 2");
+        ensure!(rows >= 2, "--records must be at least 2");
         let table = super::create_table(db, "counters")?;
         for lo in (0..rows).step_by(1000) {
             let hi = (lo + 1000).min(rows);

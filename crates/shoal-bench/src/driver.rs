@@ -9,7 +9,7 @@
 //! [`crate::engines::KvEngine`]) are two adapters over the same loop, so a change to how runs
 //! are measured reaches both, and their figures stay comparable.
 
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicU8, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -281,7 +281,12 @@ struct Control {
     commits: Vec<Padded>,
     /// Per-interval sampling's counters and histograms, when sampling.
     probe: Option<Probe>,
+    /// Each worker's CPU clock (see [`own_cpu_clock`]), published when it starts; `NO_CLOCK`
+    /// before that or where there is none.
+    clocks: Vec<AtomicI64>,
 }
+
+const NO_CLOCK: i64 = i64::MIN;
 
 impl Control {
     fn phase(&self) -> u8 {
@@ -306,8 +311,62 @@ impl Control {
 struct WorkerOut {
     total: u64,
     per_type: Vec<TypeStats>,
-    /// CPU time this thread spent from the start of the measurement window to its end.
+    /// CPU time this thread had used when it ended (its clock at the window's start is
+    /// read by the driver: a worker blocked for the whole window never looks at it).
     cpu: Option<Duration>,
+}
+
+/// The calling thread's CPU clock, which another thread may read with [`cpu_of`] while this
+/// one lives (Linux; `None` elsewhere or on error).
+fn own_cpu_clock() -> Option<i64> {
+    #[cfg(target_os = "linux")]
+    {
+        let mut id: libc::clockid_t = 0;
+        // SAFETY: `pthread_self()` is the calling, live thread and `id` a valid, writable
+        // clockid for the duration of the call.
+        let r = unsafe { libc::pthread_getcpuclockid(libc::pthread_self(), &mut id) };
+        (r == 0).then_some(i64::from(id))
+    }
+    #[cfg(not(target_os = "linux"))]
+    None
+}
+
+/// The CPU time of the thread whose clock is `clock` (from [`own_cpu_clock`]).
+fn cpu_of(clock: i64) -> Option<Duration> {
+    #[cfg(target_os = "linux")]
+    {
+        let id = libc::clockid_t::try_from(clock).ok()?;
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `ts` is a valid, writable timespec for the duration of the call; a clock
+        // id of a thread that has exited makes the call fail, nothing worse.
+        let r = unsafe { libc::clock_gettime(id, &mut ts) };
+        (r == 0).then(|| {
+            Duration::new(
+                u64::try_from(ts.tv_sec).unwrap_or(0),
+                u32::try_from(ts.tv_nsec).unwrap_or(0),
+            )
+        })
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = clock;
+        None
+    }
+}
+
+/// Every worker's CPU clock now: where a worker has not yet published its clock it has
+/// barely started, and counts from zero.
+fn cpu_clocks(ctl: &Control) -> Vec<Option<Duration>> {
+    ctl.clocks
+        .iter()
+        .map(|c| match c.load(Ordering::Acquire) {
+            NO_CLOCK => Some(Duration::ZERO),
+            c => cpu_of(c),
+        })
+        .collect()
 }
 
 /// CPU time the calling thread has used (Linux `CLOCK_THREAD_CPUTIME_ID`; `None` elsewhere
@@ -346,11 +405,7 @@ fn worker<L: WorkerLoop>(
         cpu: None,
     };
     let mut rng = SmallRng::seed_from_u64(seed ^ 0x5eed);
-    let mut cpu_from = None;
     'txns: while ctl.phase() != STOP {
-        if cpu_from.is_none() && ctl.phase() == MEASURE {
-            cpu_from = thread_cpu();
-        }
         let (kind, start) = l.next();
         let kind = kind.min(out.per_type.len() - 1);
         let mut attempt = 0u32;
@@ -407,9 +462,7 @@ fn worker<L: WorkerLoop>(
             }
         }
     }
-    out.cpu = cpu_from
-        .zip(thread_cpu())
-        .map(|(from, to)| to.saturating_sub(from));
+    out.cpu = thread_cpu();
     l.finish();
     out
 }
@@ -432,7 +485,9 @@ pub fn measure<A: Adapter>(
         fatal: Mutex::new(None),
         commits: (0..threads).map(|_| Padded::default()).collect(),
         probe: win.sampling.map(|_| Probe::new(threads)),
+        clocks: (0..threads).map(|_| AtomicI64::new(NO_CLOCK)).collect(),
     };
+    let mut cpu_start = Vec::new();
     let mut sampler = win.sampling.map(|(s, point)| Sampler::new(s, point));
     let total = win.warmup + win.duration;
     let pb = if win.sampling.is_some_and(|(s, _)| s.print) {
@@ -476,14 +531,19 @@ pub fn measure<A: Adapter>(
             let ctl = &ctl;
             let h = std::thread::Builder::new()
                 .name(format!("bench-{t}"))
-                .spawn_scoped(s, move || match a.open(prepared, t) {
-                    Ok(l) => worker(kinds, ctl, l, t, seed),
-                    Err(msg) => {
-                        ctl.fail(msg);
-                        WorkerOut {
-                            total: 0,
-                            per_type: kinds.iter().map(|n| TypeStats::new(n)).collect(),
-                            cpu: None,
+                .spawn_scoped(s, move || {
+                    if let Some(c) = own_cpu_clock() {
+                        ctl.clocks[t].store(c, Ordering::Release);
+                    }
+                    match a.open(prepared, t) {
+                        Ok(l) => worker(kinds, ctl, l, t, seed),
+                        Err(msg) => {
+                            ctl.fail(msg);
+                            WorkerOut {
+                                total: 0,
+                                per_type: kinds.iter().map(|n| TypeStats::new(n)).collect(),
+                                cpu: None,
+                            }
                         }
                     }
                 })
@@ -493,6 +553,7 @@ pub fn measure<A: Adapter>(
         let start = Instant::now();
         let mut measure_start = win.warmup.is_zero().then_some(start);
         if measure_start.is_some() {
+            cpu_start = cpu_clocks(&ctl);
             ctl.phase.store(MEASURE, Ordering::Release);
         }
         if let (Some(s), Some(p), Some(t)) = (&mut sampler, &ctl.probe, measure_start) {
@@ -508,6 +569,7 @@ pub fn measure<A: Adapter>(
                 break Duration::ZERO; // a fatal error
             }
             if measure_start.is_none() && el >= win.warmup {
+                cpu_start = cpu_clocks(&ctl);
                 ctl.phase.store(MEASURE, Ordering::Release);
                 measure_start = Some(now);
                 if let (Some(s), Some(p)) = (&mut sampler, &ctl.probe) {
@@ -574,8 +636,10 @@ pub fn measure<A: Adapter>(
         doppel: dop_end,
         worker_cpu: Some(Duration::ZERO),
     };
-    for o in outs {
-        stats.worker_cpu = stats.worker_cpu.zip(o.cpu).map(|(a, b)| a + b);
+    for (t, o) in outs.into_iter().enumerate() {
+        let from = cpu_start.get(t).copied().flatten();
+        let window = from.zip(o.cpu).map(|(from, to)| to.saturating_sub(from));
+        stats.worker_cpu = stats.worker_cpu.zip(window).map(|(a, b)| a + b);
         stats.total_committed += o.total;
         stats.per_thread.push(o.total);
         for (mine, theirs) in stats.per_type.iter_mut().zip(&o.per_type) {
@@ -717,12 +781,16 @@ mod tests {
         }
     }
 
-    /// Transactions of a millisecond each; worker 1 takes `spawn` to prepare.
+    /// Transactions of a millisecond each; worker 1 takes `spawn` to prepare, and its first
+    /// transaction takes `block`.
     struct Paced {
         spawn: Duration,
+        block: Duration,
     }
 
-    struct PacedLoop;
+    struct PacedLoop {
+        block: Duration,
+    }
 
     impl Adapter for Paced {
         type Prepared = ();
@@ -739,8 +807,14 @@ mod tests {
             Ok(())
         }
 
-        fn open(&self, _: (), _thread: usize) -> Result<PacedLoop, String> {
-            Ok(PacedLoop)
+        fn open(&self, _: (), thread: usize) -> Result<PacedLoop, String> {
+            Ok(PacedLoop {
+                block: if thread == 1 {
+                    self.block
+                } else {
+                    Duration::ZERO
+                },
+            })
         }
     }
 
@@ -750,7 +824,7 @@ mod tests {
         }
 
         fn attempt(&mut self, _start: Instant) -> Attempt {
-            std::thread::sleep(Duration::from_millis(1));
+            std::thread::sleep(Duration::from_millis(1).max(std::mem::take(&mut self.block)));
             Attempt::Committed
         }
 
@@ -767,6 +841,7 @@ mod tests {
     fn without_a_warm_up_commits_made_while_workers_start_are_not_measured() {
         let p = Paced {
             spawn: Duration::from_millis(300),
+            block: Duration::ZERO,
         };
         let st = measure(&window(), &p, 2, 7).unwrap().unwrap();
         let per_ms = st.committed as f64 / st.measured.as_secs_f64() / 1000.0;
@@ -777,6 +852,28 @@ mod tests {
             st.measured
         );
         assert!(st.total_committed >= st.committed + 200, "{st:?}");
+    }
+
+    /// A worker that waits through the whole window (here in one long transaction; in a run,
+    /// for an admission slot or a lock) still has its CPU in the window counted: it never
+    /// sees the window open, so the driver reads its clock. Before, the run reported no CPU
+    /// figure at all.
+    #[test]
+    fn a_worker_blocked_through_the_window_still_has_its_cpu_counted() {
+        let p = Paced {
+            spawn: Duration::ZERO,
+            block: Duration::from_millis(400),
+        };
+        let win = Window {
+            warmup: Duration::from_millis(50),
+            ..window()
+        };
+        let st = measure(&win, &p, 2, 7).unwrap().unwrap();
+        if cfg!(target_os = "linux") {
+            let cpu = st.worker_cpu.expect("every worker's CPU");
+            assert!(cpu <= 2 * (st.measured + Duration::from_secs(1)));
+        }
+        assert!(st.per_thread[1] >= 1);
     }
 
     #[test]

@@ -42,10 +42,14 @@ struct World {
     retired: Mutex<Option<u64>>,
 }
 
+/// As `Reclaim::collect_retired` does it: the pins first, then the list of what was
+/// retired (a ghost listed in between must not pass).
 fn collect(w: &World) {
+    let oldest = w.epochs.oldest_pinned();
+    thread::yield_now();
     let tag = *w.retired.lock().unwrap();
     let Some(tag) = tag else { return };
-    if w.epochs.oldest_pinned() > tag {
+    if oldest > tag {
         let mut leaf = w.leaf.lock().unwrap();
         if *leaf == GHOST {
             *leaf = REMOVED;

@@ -98,8 +98,12 @@ impl Epochs {
         self.epoch.fetch_add(1, SeqCst)
     }
 
-    /// The oldest epoch a running transaction may have pinned (`u64::MAX` if none runs).
+    /// The oldest epoch a running transaction may have pinned, and never above the epoch
+    /// when the call began: a collector that finds no pin and only then looks at what was
+    /// retired must not take something retired after its look at the slots, by a committer
+    /// whose reader pinned after that look (its tag is at least the epoch read here).
     pub(crate) fn oldest_pinned(&self) -> u64 {
+        let now = self.epoch.load(SeqCst);
         if self.overflow.load(SeqCst) > 0 {
             return 0;
         }
@@ -108,7 +112,6 @@ impl Epochs {
             .iter()
             .map(|s| s.load(SeqCst))
             .filter(|&e| e != IDLE)
-            .min()
-            .unwrap_or(u64::MAX)
+            .fold(now, u64::min)
     }
 }

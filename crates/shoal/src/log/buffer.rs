@@ -16,7 +16,6 @@
 //! fatal for the log: every waiter and every later insert gets the error, and nothing written
 //! after it is reported durable.
 
-use std::cell::UnsafeCell;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -49,9 +48,41 @@ pub(crate) struct LogConfig {
     pub policy: FlushPolicy,
 }
 
+/// The ring's bytes, reached only through raw pointers: threads copy into and out of
+/// disjoint ranges at once, so no reference to the whole ring may exist while they do (one
+/// would alias the others' writes).
 struct Ring {
-    data: UnsafeCell<Box<[u8]>>,
+    ptr: *mut u8,
+    len: usize,
 }
+
+impl Ring {
+    fn new(len: usize) -> Ring {
+        let ptr = Box::into_raw(vec![0u8; len].into_boxed_slice()).cast::<u8>();
+        Ring { ptr, len }
+    }
+
+    /// The bytes `pos..pos + n`.
+    ///
+    /// # Safety
+    /// The range lies inside the ring, and nobody writes it while the slice lives.
+    unsafe fn bytes(&self, pos: usize, n: usize) -> &[u8] {
+        debug_assert!(pos + n <= self.len);
+        // SAFETY: in bounds and unwritten meanwhile (the caller's contract); `ptr` is the
+        // live allocation of `len` initialized bytes made in `new`.
+        unsafe { std::slice::from_raw_parts(self.ptr.add(pos), n) }
+    }
+}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` and `len` are the boxed slice `new` leaked, freed only here.
+        drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.ptr, self.len)) });
+    }
+}
+
+// SAFETY: the ring owns its allocation (freed in `Drop`), so it may move to another thread.
+unsafe impl Send for Ring {}
 
 // SAFETY: threads only touch disjoint byte ranges of the ring, as the claim/release protocol
 // documented on `LogShared` guarantees; the atomics `released` and `durable` order the writes
@@ -171,7 +202,7 @@ impl LogShared {
         // SAFETY: both ranges lie inside the ring (`first <= cap - start`, and the rest is
         // shorter than `cap` because a record is at most `cap` bytes); the caller owns them.
         unsafe {
-            let base = (*self.ring.data.get()).as_mut_ptr();
+            let base = self.ring.ptr;
             std::ptr::copy_nonoverlapping(src.as_ptr(), base.add(start), first);
             if first < src.len() {
                 std::ptr::copy_nonoverlapping(src.as_ptr().add(first), base, src.len() - first);
@@ -210,7 +241,7 @@ impl LogShared {
         // SAFETY: both source ranges lie inside the ring (`first <= cap - start`, the rest is
         // shorter than `cap`); nobody writes them (the caller's contract).
         unsafe {
-            let base = (*self.ring.data.get()).as_ptr();
+            let base = self.ring.ptr.cast_const();
             std::ptr::copy_nonoverlapping(base.add(start), dst.as_mut_ptr(), first);
             if first < dst.len() {
                 std::ptr::copy_nonoverlapping(base, dst.as_mut_ptr().add(first), dst.len() - first);
@@ -242,9 +273,7 @@ impl LogBuffer {
     pub fn start(cfg: LogConfig, start: u64) -> Result<LogBuffer> {
         let cap = cfg.capacity.next_power_of_two().max(1 << 16);
         let shared = Arc::new(LogShared {
-            ring: Ring {
-                data: UnsafeCell::new(vec![0u8; cap].into_boxed_slice()),
-            },
+            ring: Ring::new(cap),
             cap,
             claim: Mutex::new(ClaimState { next: start }),
             released: AtomicU64::new(start),
@@ -666,7 +695,7 @@ fn flush_range(
         // SAFETY: `[from, to)` lies below `released`, so every inserter of those bytes has
         // finished copying (acquire load of `released` above), and no inserter can reuse
         // these positions before `durable` passes them, which happens only after this write.
-        let chunk = unsafe { &(&(*sh.ring.data.get()))[pos..pos + n] };
+        let chunk = unsafe { sh.ring.bytes(pos, n) };
         seg.file
             .write_at(at - seg.start, chunk)
             .map_err(on("write", &path))?;

@@ -59,9 +59,15 @@ pub fn write(store: &PageStore, bytes: &[u8]) -> [u8; OVF_REF] {
 
 /// Appends the value `r` refers to; false if the chain is not a well-formed chain of that
 /// length (a torn read: the caller's validation fails).
+///
+/// An optimistic reader may follow a reference or links torn by a concurrent writer, so the
+/// walk is bounded by what the store holds, not only by the length the reference claims
+/// (a torn length may be any number): it visits at most as many pages as the store ever
+/// handed out, and each must hold at least one byte (a page caught between being cleared
+/// and written holds none).
 pub fn read(store: &PageStore, r: &[u8], out: &mut Vec<u8>) -> bool {
     let (mut pid, len) = decode_ref(r);
-    let max_pages = len / OVERFLOW_BYTES + 1;
+    let max_pages = (len / OVERFLOW_BYTES + 1).min(store.pages_made() as usize);
     let mut left = len;
     for _ in 0..max_pages {
         let Some(f) = store.frame(pid) else {
@@ -71,6 +77,9 @@ pub fn read(store: &PageStore, r: &[u8], out: &mut Vec<u8>) -> bool {
             return false;
         }
         let n = (f.load(W_OVLEN) as usize).min(OVERFLOW_BYTES).min(left);
+        if n == 0 {
+            return false;
+        }
         f.read_bytes(HDR_WORDS * 8, n, out);
         left -= n;
         if left == 0 {

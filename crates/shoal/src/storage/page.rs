@@ -527,6 +527,11 @@ impl PageStore {
         self.free.lock().push(pid);
     }
 
+    /// Pages ever handed out (allocated or free now): no chain of pages is longer.
+    pub fn pages_made(&self) -> u64 {
+        self.next.lock().0
+    }
+
     /// Pages allocated and not free.
     pub fn pages_in_use(&self) -> usize {
         let next = self.next.lock().0;

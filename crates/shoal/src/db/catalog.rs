@@ -122,20 +122,11 @@ impl Database {
     /// # }
     /// ```
     pub fn create_table(&self, name: &str) -> Result<Table> {
-        let bad = |reason| {
-            Err(Error::InvalidTableName {
+        if let Some(reason) = bad_table_name(name) {
+            return Err(Error::InvalidTableName {
                 name: name.to_string(),
                 reason,
-            })
-        };
-        if name.is_empty() {
-            return bad("empty");
-        }
-        if name.len() > 255 {
-            return bad("longer than 255 bytes");
-        }
-        if name.chars().any(char::is_control) {
-            return bad("contains a control character");
+            });
         }
         let mut tables = self.inner.tables.write();
         if tables.contains_key(name) {
@@ -229,6 +220,20 @@ impl Database {
     #[doc(hidden)]
     pub fn debug_index_check(&self, name: &str) -> Result<std::result::Result<(), String>> {
         Ok(self.table(name)?.inner.tree.check_invariants())
+    }
+}
+
+/// Why `name` cannot name a table, if it cannot: empty, longer than 255 bytes, or holding a
+/// control character.
+pub(super) fn bad_table_name(name: &str) -> Option<&'static str> {
+    if name.is_empty() {
+        Some("empty")
+    } else if name.len() > 255 {
+        Some("longer than 255 bytes")
+    } else if name.chars().any(char::is_control) {
+        Some("contains a control character")
+    } else {
+        None
     }
 }
 

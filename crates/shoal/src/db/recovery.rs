@@ -117,6 +117,11 @@ pub(super) fn recover(
                     "a create-table record names table id {id}, outside 1..{MAX_TABLES}"
                 )));
             }
+            if let Some(why) = super::catalog::bad_table_name(name) {
+                return Err(corrupt(format!(
+                    "a create-table record names table {name:?}, which is {why}"
+                )));
+            }
             // A table is created once under one name and one id (a checkpoint and the log
             // after it may both name it): any other pairing would put one table's rows
             // under another's name.
@@ -263,6 +268,19 @@ mod tests {
         }
         let r = Database::open(dir.path(), Options::default());
         assert!(is_corrupt(r, "already id 1"));
+    }
+
+    #[test]
+    fn a_table_name_no_database_accepts_fails_open_as_corrupt() {
+        for name in [String::new(), "a\nb".into(), "x".repeat(300)] {
+            let dir = tempfile::tempdir().unwrap();
+            {
+                let db = Database::open(dir.path(), Options::default()).unwrap();
+                log_raw(&db, &LogRecord::CreateTable { id: 1, name });
+            }
+            let r = Database::open(dir.path(), Options::default());
+            assert!(is_corrupt(r, "a create-table record names table"));
+        }
     }
 
     #[test]

@@ -540,6 +540,78 @@ fn unlock_all_releases_each_lock_with_its_tag_and_grants_waiters(kind: LockTable
 ///
 /// Runs 3 s, longer (up to a minute) until 1000 lock sections completed: the check is that
 /// the table makes progress, not how fast (a loaded 2-core machine may take its time).
+/// Three holders of IS on one table convert at once, to S, IX and S. The two S requests
+/// are compatible and must both be granted without waiting out a timeout: a conversion that
+/// backed off its tentative grant used to park on the verdict it read while it was still
+/// tentative, so one that backed off at the same moment (and skipped it, not yet waiting,
+/// in its wake-ups) could leave it parked with nobody left to wake it.
+#[test]
+fn concurrent_conversions_never_wait_out_a_timeout() {
+    let t = table(LockTableKind::LatchFree, DeadlockPolicy::Timeout);
+    let tab = LockId::Table(1);
+    let started = Instant::now();
+    for round in 0..300u64 {
+        let base = 1 + round * 3;
+        let go = Arc::new(Barrier::new(3));
+        let hs: Vec<_> = [(0, LockMode::S), (1, LockMode::IX), (2, LockMode::S)]
+            .into_iter()
+            .map(|(i, m)| {
+                let (t, tab, go) = (t.clone(), tab.clone(), go.clone());
+                thread::spawn(move || {
+                    let txn = base + i;
+                    t.lock(txn, &tab, LockMode::IS, LONG).unwrap();
+                    go.wait();
+                    let r = t.lock(txn, &tab, m, Duration::from_secs(5));
+                    t.unlock(txn, &tab);
+                    r
+                })
+            })
+            .collect();
+        for h in hs {
+            let r = h.join().unwrap();
+            assert!(r.is_ok(), "round {round}: {r:?}");
+        }
+        assert!(t.is_free(&tab));
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "300 rounds took {:?}: some conversion waited out a timeout",
+        started.elapsed()
+    );
+}
+
+/// A release of a transaction's lock from another thread while the transaction's own thread
+/// waits for it (a misuse: one thread per transaction) leaves the waiting request alone: the
+/// waiter may be parked holding its entry, which must not be unlinked and reused under it.
+/// The waiter is granted when the holder leaves, and holds the lock until it releases it.
+#[test]
+fn a_release_from_another_thread_leaves_a_waiting_request_alone() {
+    let t = table(LockTableKind::LatchFree, DeadlockPolicy::WaitForGraph);
+    let k = key(7);
+    for _ in 0..50 {
+        t.lock(100, &k, X, LONG).unwrap();
+        let (t2, k2) = (t.clone(), k.clone());
+        let (granted, release) = (Arc::new(Barrier::new(2)), Arc::new(Barrier::new(2)));
+        let (g2, r2) = (granted.clone(), release.clone());
+        let waiter = thread::spawn(move || {
+            let r = t2.lock(1, &k2, X, LONG);
+            g2.wait();
+            r2.wait();
+            t2.unlock(1, &k2);
+            r
+        });
+        wait_until("enqueue", || t.waiters(&k) == 1);
+        t.unlock(1, &k); // from the wrong thread
+        t.unlock(100, &k);
+        granted.wait();
+        assert!(!t.is_free(&k), "the waiter was granted and holds the lock");
+        assert_eq!(t.try_lock(2, &k, LockMode::S), Err(LockFailure::WouldBlock));
+        release.wait();
+        assert_eq!(waiter.join().unwrap(), Ok(X));
+        wait_until("free", || t.is_free(&k));
+    }
+}
+
 #[test]
 fn stress_256_threads_hot_keys() {
     const THREADS: usize = 256;

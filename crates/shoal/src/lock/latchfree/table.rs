@@ -397,6 +397,10 @@ impl LockTable for LatchFreeLockTable {
                     // SAFETY: our own live entry: only we can make it obsolete.
                     let entry = unsafe { &*e };
                     let s = entry.state.load(SeqCst);
+                    if s & OBSOLETE != 0 {
+                        // Released since the lookup (from another thread: a misuse).
+                        continue;
+                    }
                     debug_assert!(s & WAITING == 0, "one lock call per transaction at a time");
                     let held = granted_of(s);
                     if held.covers(mode) {
@@ -411,7 +415,16 @@ impl LockTable for LatchFreeLockTable {
                     {
                         return Err(LockFailure::WouldBlock);
                     }
-                    entry.state.store(pack(held, target, WAITING), SeqCst);
+                    // From the state just read: a release of this transaction's lock from
+                    // another thread (a misuse) may have made the entry obsolete since, and
+                    // a plain store would bring it back to life after it was unlinked.
+                    if entry
+                        .state
+                        .compare_exchange(s, pack(held, target, WAITING), SeqCst, SeqCst)
+                        .is_err()
+                    {
+                        continue;
+                    }
                     // Our live entry keeps `h` from being killed.
                     break (h, e, held, target, false);
                 }
@@ -486,10 +499,14 @@ impl LockTable for LatchFreeLockTable {
                     }
                     return Ok(target);
                 }
-                // Back off; others may have blocked on our tentative mode: wake them.
+                // Back off; others may have blocked on our tentative mode: wake them. Then
+                // decide again: one that backed off at the same moment saw us tentative and
+                // skipped us in its wake-up, so the verdict read before our WAITING state was
+                // published may be stale (parking on it lost that wake-up).
                 entry.state.store(waiting, SeqCst);
                 fence(SeqCst);
                 self.wake(&guard, h, e, bit(target));
+                continue;
             }
             let blocker = match verdict {
                 Verdict::Blocked(b) => Some(b),
@@ -547,10 +564,12 @@ impl LockTable for LatchFreeLockTable {
                 } else {
                     pack(held, held, 0)
                 };
+                // Withdraw a published digest first, as a grant does: nobody may build a
+                // cycle through a wait that is over.
+                drop(decider);
                 entry.state.store(done, SeqCst);
                 fence(SeqCst);
                 self.wake(&guard, h, e, bit(target));
-                drop(decider);
                 return Err(f);
             }
             let mut nap = wait.unwrap_or_default().saturating_sub(start.elapsed());
@@ -584,11 +603,26 @@ impl LockTable for LatchFreeLockTable {
             return;
         };
         h.tag.fetch_max(tag, SeqCst);
-        // SAFETY: our own live entry.
+        // SAFETY: the transaction's own live entry (a pinned lookup found it).
         let entry = unsafe { &*e };
-        let s = entry.state.load(SeqCst);
         // Release (Jung Fig. 3 R2-R11): mark obsolete, fence, wake the waiters it blocked.
-        entry.state.store(s | OBSOLETE, SeqCst);
+        // A request still in flight (waiting or tentatively granted) belongs to a thread of
+        // this transaction that is inside `acquire` (a misuse: one thread per transaction)
+        // and may be parked unpinned holding the entry: it is not released from here, as
+        // that would let the entry be unlinked and reused under it. Nothing of it is held.
+        let mut s = entry.state.load(SeqCst);
+        loop {
+            if s & (WAITING | TENTATIVE | OBSOLETE) != 0 {
+                return;
+            }
+            match entry
+                .state
+                .compare_exchange(s, s | OBSOLETE, SeqCst, SeqCst)
+            {
+                Ok(_) => break,
+                Err(now) => s = now,
+            }
+        }
         fence(SeqCst);
         self.wake(&guard, h, e, bit(granted_of(s)) | bit(requested_of(s)));
         // Eager kill: a lock head whose last request just became obsolete is killed and

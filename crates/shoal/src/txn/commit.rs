@@ -271,9 +271,11 @@ impl TwoPl {
                         if let Some(lil) = lil {
                             lil.release_all(&mut intents);
                         }
+                        // Durable: the log is durable up to `end` at least now.
                         reclaim.collect_locked(
                             &*locks,
                             locking,
+                            (0, end),
                             ghosts.into_iter().map(|(s, k)| (&tables[s as usize], k)),
                         );
                         pipe.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);

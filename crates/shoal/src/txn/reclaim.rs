@@ -7,7 +7,11 @@
 //! lock is still busy then (another transaction waits for it, a scan holds it, or, under
 //! flush pipelining and early lock release, a lock outlives the transaction's own release
 //! point) is not leaked: it goes on a deferred list that every later transaction's release
-//! retries a few entries of, until its lock is free or the key was inserted again.
+//! retries a few entries of, until its lock is free or the key was inserted again. A ghost
+//! whose delete released its locks before its commit record was durable (SX-ELR) waits on
+//! that list until it is: the ghost's lock carries the delete's LSN to a read-only scan that
+//! reaches the key (Kimura §5.2), and a scan that found no ghost would report the key gone
+//! without waiting for a delete that a crash may still undo.
 //!
 //! **Optimistic concurrency control** (Silo, Tu et al. SOSP 2013 §4.8: a deleted record is
 //! unlinked once no transaction that could have seen it is still running). The danger is a
@@ -57,6 +61,14 @@ struct Retired {
     tid: u64,
 }
 
+/// A two-phase-locking ghost left for a later transaction to remove.
+struct Deferred {
+    table: Table,
+    key: Box<[u8]>,
+    /// The delete's commit LSN, which must be durable before the ghost goes (0: none).
+    lsn: u64,
+}
+
 /// The database's ghost reclamation state (see the module documentation).
 pub(crate) struct Reclaim {
     epochs: Epochs,
@@ -66,8 +78,9 @@ pub(crate) struct Reclaim {
     /// Optimistic ghosts waiting for their epoch to end, roughly in tag order.
     retired: Mutex<VecDeque<Retired>>,
     retired_len: AtomicUsize,
-    /// Two-phase-locking ghosts whose lock was busy when their transaction tried.
-    deferred: Mutex<VecDeque<(Table, Box<[u8]>)>>,
+    /// Two-phase-locking ghosts whose lock was busy when their transaction tried, or whose
+    /// delete was not yet durable.
+    deferred: Mutex<VecDeque<Deferred>>,
     deferred_len: AtomicUsize,
 }
 
@@ -158,29 +171,43 @@ impl Reclaim {
     /// Removes the two-phase-locking ghosts `ghosts` (`(table, key)`) whose lock nobody holds
     /// or waits for; defers the others. Then retries a few deferred ones. `locking` is false
     /// for serial transactions, which take no locks.
+    ///
+    /// `lsn` is the deleting commit's end LSN when it released its locks before its record
+    /// was durable (SX-ELR), else 0, and `durable` the log's durable LSN now. Such a ghost
+    /// stays until its delete is durable: a scan that passes over its key locks the
+    /// neighbours, not the key, so the ghost's lock is the only one that carries the delete's
+    /// LSN to a read-only reader (Kimura §5.2's wait); without the ghost, the reader would
+    /// report the key gone and return before a crash could bring it back.
     pub(crate) fn collect_locked<'t>(
         &self,
         locks: &dyn LockTable,
         locking: bool,
+        (lsn, durable): (u64, u64),
         ghosts: impl IntoIterator<Item = (&'t Table, Box<[u8]>)>,
     ) {
         let mut busy = Vec::new();
         for (table, key) in ghosts {
-            if let Some(key) = remove_if_free(locks, locking, table, key) {
-                busy.push((table.clone(), key));
+            let table = table.clone();
+            if lsn > durable {
+                busy.push(Deferred { table, key, lsn });
+            } else if let Some(key) = remove_if_free(locks, locking, &table, key) {
+                busy.push(Deferred { table, key, lsn: 0 });
             }
         }
         if self.deferred_len.load(SeqCst) > 0 {
-            let retry: Vec<(Table, Box<[u8]>)> = {
+            let retry: Vec<Deferred> = {
                 let mut q = self.deferred.lock();
-                let n = q.len().min(RETRY_PER_RELEASE);
-                let r = q.drain(..n).collect();
+                // Oldest first; stop at a delete not yet durable (those behind it came later).
+                let mut r = Vec::new();
+                while r.len() < RETRY_PER_RELEASE && q.front().is_some_and(|g| g.lsn <= durable) {
+                    r.extend(q.pop_front());
+                }
                 self.deferred_len.store(q.len(), SeqCst);
                 r
             };
-            for (table, key) in retry {
+            for Deferred { table, key, .. } in retry {
                 if let Some(key) = remove_if_free(locks, locking, &table, key) {
-                    busy.push((table, key));
+                    busy.push(Deferred { table, key, lsn: 0 });
                 }
             }
         }

@@ -374,12 +374,17 @@ impl TwoPl {
 
     /// Removes this transaction's ghosts whose locks are free, defers the others (see
     /// [`reclaim`]).
-    fn collect_ghosts(&mut self, cx: &mut Ctx<'_>) {
+    /// Removes this transaction's ghosts, or defers them (see `Reclaim::collect_locked`);
+    /// `lsn` is the commit's end LSN when it released its locks before its record was
+    /// durable, else 0.
+    fn collect_ghosts(&mut self, cx: &mut Ctx<'_>, lsn: u64) {
         let ghosts = std::mem::take(&mut self.ghosts);
         let tables = &cx.tables;
+        let durable = cx.inner().log.as_ref().map_or(u64::MAX, |l| l.durable());
         cx.inner().reclaim.collect_locked(
             &*cx.inner().locks,
             self.locking,
+            (lsn, durable),
             ghosts.into_iter().map(|(s, k)| (tables[s as usize], k)),
         );
     }
@@ -419,7 +424,7 @@ impl TwoPl {
             }
         }
         self.release_intents(cx);
-        self.collect_ghosts(cx);
+        self.collect_ghosts(cx, tag);
     }
 
     pub(super) fn rollback(&mut self, cx: &mut Ctx<'_>) {

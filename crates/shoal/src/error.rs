@@ -91,6 +91,20 @@ pub enum Error {
         /// The configured limit.
         max: usize,
     },
+    /// A write found the database's tables holding as many bytes of pages as
+    /// [`Options::memory_limit`](crate::Options::memory_limit) allows. Not retryable: reads
+    /// and deletes go on, and writes succeed again once deletes have freed pages (or the
+    /// database is reopened with a higher limit).
+    #[error(
+        "the tables hold {used} bytes of pages, at the memory limit of {limit} bytes: delete \
+         rows or reopen with a higher Options::memory_limit"
+    )]
+    MemoryLimit {
+        /// Bytes of table pages in use when the write was refused.
+        used: u64,
+        /// The configured limit.
+        limit: u64,
+    },
     /// No table has this name.
     #[error("no table named {name:?}")]
     NoSuchTable {

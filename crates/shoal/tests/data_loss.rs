@@ -1070,3 +1070,99 @@ fn options_past_what_the_engine_can_hold_are_refused_or_capped_on_every_open() {
     let t = db.create_table("t").expect("create");
     db.run(|tx| tx.put(&t, "k", "v")).expect("commit");
 }
+
+/// A memory limit stops writes, not the database: the write that finds the tables at the
+/// limit fails with a typed, non-retryable error, reads and deletes go on, deletes free pages
+/// so that writes succeed again, and a logged database at its limit reopens with every
+/// committed row (recovery is never refused), under its limit or a higher one.
+#[test]
+fn a_database_at_its_memory_limit_refuses_writes_and_keeps_everything_else() {
+    use shoal::{ConcurrencyControl, LogMode};
+    const LIMIT: u64 = 2 << 20;
+    // Rows committed 50 at a time until a write is refused.
+    let fill = |db: &Database, t: &Table| -> (u32, Error) {
+        let mut n = 0u32;
+        loop {
+            let batch = db.run(|tx| {
+                for i in n..n + 50 {
+                    tx.put(t, i.to_be_bytes(), [7u8; 200])?;
+                }
+                Ok(())
+            });
+            match batch {
+                Ok(()) => n += 50,
+                Err(e) => return (n, e),
+            }
+        }
+    };
+    for cc in [
+        ConcurrencyControl::TwoPhaseLocking,
+        ConcurrencyControl::Optimistic,
+    ] {
+        let o = Options::default()
+            .with_cc(cc)
+            .with_memory_limit(Some(LIMIT));
+        let db = Database::try_in_memory_with(o).expect("open");
+        let t = db.create_table("t").expect("create");
+        let (n, e) = fill(&db, &t);
+        assert!(matches!(e, Error::MemoryLimit { limit: LIMIT, .. }), "{e}");
+        assert!(!e.is_retryable());
+        // About the limit's worth of rows went in (200-byte values in 32 KiB pages).
+        assert!(n > 5_000, "{cc:?}: only {n} rows under a 2 MiB limit");
+        assert!(db.page_bytes() >= LIMIT);
+        // Every other kind of write is refused too; reads are not.
+        assert!(matches!(
+            db.run(|tx| tx.add(&t, "c", 1)),
+            Err(Error::MemoryLimit { .. })
+        ));
+        assert!(matches!(
+            db.run(|tx| tx.update(&t, 0u32.to_be_bytes(), |_| vec![1])),
+            Err(Error::MemoryLimit { .. })
+        ));
+        let rows = db.run(|tx| tx.scan(&t, ..)).expect("scan");
+        assert_eq!(rows.len(), n as usize);
+        // Deletes go on and give the pages back.
+        for chunk in (0..n).collect::<Vec<_>>().chunks(500) {
+            db.run(|tx| {
+                for i in chunk {
+                    tx.delete(&t, i.to_be_bytes())?;
+                }
+                Ok(())
+            })
+            .expect("delete");
+        }
+        let deadline = Instant::now() + std::time::Duration::from_secs(10);
+        while db.page_bytes() >= LIMIT && Instant::now() < deadline {
+            // Ghosts go as later transactions end.
+            db.run(|tx| tx.get(&t, "x").map(drop)).expect("get");
+        }
+        assert!(
+            db.page_bytes() < LIMIT,
+            "{cc:?}: {} bytes after deleting all",
+            db.page_bytes()
+        );
+        db.run(|tx| tx.put(&t, "again", "v"))
+            .expect("a write after the deletes");
+    }
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let o = Options::default()
+        .with_log(LogMode::Sync)
+        .with_memory_limit(Some(LIMIT));
+    let n = {
+        let db = Database::open(dir.path(), o.clone()).expect("open");
+        let t = db.create_table("t").expect("create");
+        fill(&db, &t).0
+    };
+    for limit in [LIMIT, 2 * LIMIT] {
+        let db = Database::open(dir.path(), o.clone().with_memory_limit(Some(limit)))
+            .expect("a database at its limit reopens");
+        let t = db.table("t").expect("table");
+        assert_eq!(
+            db.run(|tx| tx.scan(&t, ..)).expect("scan").len(),
+            n as usize
+        );
+        let more = db.run(|tx| tx.put(&t, "more", "v"));
+        assert_eq!(more.is_ok(), limit > LIMIT, "{more:?}");
+    }
+}

@@ -1,6 +1,7 @@
 //! The catalog: tables with their ids and names, and the registry by id that transactions
 //! borrow their tables from.
 
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use super::{Database, DbInner};
@@ -157,7 +158,7 @@ impl Database {
             let (_, end) = log.insert(&rec.encode())?;
             log.wait_durable(end)?;
         }
-        let t = new_table(id, name, self.inner.id);
+        let t = new_table(id, name, self.inner.id, &self.inner.pages);
         self.inner.by_id.set(&t)?;
         tables.insert(name.to_string(), t.clone());
         Ok(t)
@@ -237,13 +238,14 @@ pub(super) fn bad_table_name(name: &str) -> Option<&'static str> {
     }
 }
 
-pub(super) fn new_table(id: TableId, name: &str, db_id: u64) -> Table {
+/// A new, empty table whose pages count in `pages` (the database's pages in use).
+pub(super) fn new_table(id: TableId, name: &str, db_id: u64, pages: &Arc<AtomicU64>) -> Table {
     Table {
         inner: Arc::new(TableInner {
             id,
             name: name.to_string(),
             db_id,
-            tree: BTree::new(),
+            tree: BTree::counted(Arc::clone(pages)),
         }),
     }
 }
@@ -254,8 +256,9 @@ mod tests {
 
     #[test]
     fn table_slots_hand_out_the_table_of_each_id_and_refuse_ids_past_the_limit() {
-        let a = new_table(1, "a", 7);
-        let b = new_table(300, "b", 7);
+        let pages = Arc::default();
+        let a = new_table(1, "a", 7, &pages);
+        let b = new_table(300, "b", 7, &pages);
         let slots = TableSlots::with([&a].into_iter());
         slots.set(&b).unwrap();
         assert_eq!(slots.get(1).map(|t| t.inner.name.as_str()), Some("a"));
@@ -263,9 +266,9 @@ mod tests {
         assert!(slots.get(2).is_none());
         assert!(slots.get(299).is_none());
         // A second table under a taken id keeps the first.
-        slots.set(&new_table(1, "c", 7)).unwrap();
+        slots.set(&new_table(1, "c", 7, &pages)).unwrap();
         assert_eq!(slots.get(1).map(|t| t.inner.name.as_str()), Some("a"));
-        let far = new_table(MAX_TABLES as TableId, "far", 7);
+        let far = new_table(MAX_TABLES as TableId, "far", 7, &pages);
         assert!(matches!(
             slots.set(&far),
             Err(Error::InvalidTableName { .. })

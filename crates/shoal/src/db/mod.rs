@@ -54,6 +54,8 @@ pub(crate) struct DbInner {
     pub(crate) next_txn: AtomicU64,
     /// Ghost reclamation: the deferred two-phase-locking ghosts and the optimistic epochs.
     pub(crate) reclaim: Arc<crate::txn::reclaim::Reclaim>,
+    /// Pages the tables hold (allocated and not freed), for [`Options::memory_limit`].
+    pub(crate) pages: Arc<AtomicU64>,
     pub(crate) serial: Mutex<()>,
     pub(crate) tables: RwLock<HashMap<String, Table>>,
     /// The same tables by id, append-only: a transaction borrows its tables from here for the
@@ -176,6 +178,13 @@ fn check_options(mut opts: Options) -> Result<Options> {
 }
 
 impl DbInner {
+    /// Bytes of the pages the tables hold (see [`Database::page_bytes`]).
+    pub(crate) fn page_bytes(&self) -> u64 {
+        self.pages
+            .load(Ordering::Relaxed)
+            .saturating_mul(crate::storage::page::PAGE_SIZE as u64)
+    }
+
     /// Stops the background threads (the checkpointer first: a checkpoint it runs may wait
     /// for the Doppel coordinator to end a split phase) and waits until they have exited.
     /// Called when the last user handle goes, so that the database is dropped right after on
@@ -279,7 +288,7 @@ impl Database {
             opts,
             id,
             None,
-            HashMap::new(),
+            (HashMap::new(), Arc::default()),
             None,
             None,
             None,
@@ -346,7 +355,8 @@ impl Database {
         };
         checkpoint::remove_unfinished(&*vfs, dir)?;
         let db_id = NEXT_DB_ID.fetch_add(1, Ordering::Relaxed);
-        let (tables, stats) = recover(&*vfs, dir, &log_dir, db_id)?;
+        let pages = Arc::default();
+        let (tables, stats) = recover(&*vfs, dir, &log_dir, db_id, &pages)?;
         // Only now, so that an open that fails leaves the identity files as they were.
         claim.stamp(&*vfs)?;
         let log = if opts.log == LogMode::None {
@@ -376,7 +386,7 @@ impl Database {
             opts,
             db_id,
             Some(dir.to_path_buf()),
-            tables,
+            (tables, pages),
             log,
             Some(stats),
             Some(Disk {
@@ -397,7 +407,7 @@ impl Database {
         opts: Options,
         id: u64,
         dir: Option<PathBuf>,
-        tables: HashMap<String, Table>,
+        (tables, pages): (HashMap<String, Table>, Arc<AtomicU64>),
         log: Option<LogBuffer>,
         recovery: Option<RecoveryStats>,
         disk: Option<Disk>,
@@ -437,6 +447,7 @@ impl Database {
             lil,
             next_txn: AtomicU64::new(1),
             reclaim: Arc::default(),
+            pages,
             serial: Mutex::new(()),
             by_id: TableSlots::with(tables.values()),
             tables: RwLock::new(tables),
@@ -508,6 +519,20 @@ impl Database {
     /// ```
     pub fn dir(&self) -> Option<&Path> {
         self.inner.dir.as_deref()
+    }
+
+    /// Bytes of the pages the tables hold now (32 KiB each, allocated and not freed): what
+    /// [`Options::memory_limit`] is compared with.
+    ///
+    /// ```
+    /// let db = shoal::Database::in_memory();
+    /// assert_eq!(db.page_bytes(), 0);
+    /// let t = db.create_table("t")?;
+    /// assert_eq!(db.page_bytes(), 32 << 10); // the empty root leaf
+    /// # Ok::<(), shoal::Error>(())
+    /// ```
+    pub fn page_bytes(&self) -> u64 {
+        self.inner.page_bytes()
     }
 
     /// The options this database runs with.

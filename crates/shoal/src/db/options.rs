@@ -242,6 +242,33 @@ pub struct Options {
     /// assert_eq!(db.options().admission_quantum, Duration::from_millis(4));
     /// ```
     pub admission_quantum: Duration,
+    /// The most bytes of table pages (32 KiB each) the database holds before it refuses
+    /// writes: a put, insert, update or integer operation that finds the tables at or past
+    /// it fails with [`Error::MemoryLimit`](crate::Error::MemoryLimit), which is not
+    /// retryable; reads and deletes go on, and writes succeed again once deletes have freed
+    /// pages. A soft limit: a transaction admitted under it may still split a page or two.
+    /// Recovery is never refused (what was committed is replayed whatever the limit), so a
+    /// database that grows toward its machine's memory stops taking writes before it stops
+    /// fitting. Only table pages count, not the log buffer, locks or transactions' own
+    /// buffers. Default: none.
+    ///
+    /// ```
+    /// let o = shoal::Options::default().with_memory_limit(Some(1 << 20));
+    /// let db = shoal::Database::in_memory_with(o);
+    /// let t = db.create_table("t")?;
+    /// let mut i = 0u32;
+    /// let err = loop {
+    ///     match db.run(|tx| tx.put(&t, i.to_be_bytes(), [0u8; 100])) {
+    ///         Ok(()) => i += 1,
+    ///         Err(e) => break e,
+    ///     }
+    /// };
+    /// assert!(matches!(err, shoal::Error::MemoryLimit { .. }));
+    /// assert!(db.page_bytes() >= 1 << 20);
+    /// assert_eq!(db.run(|tx| tx.get(&t, 0u32.to_be_bytes()))?, Some(vec![0u8; 100]));
+    /// # Ok::<(), shoal::Error>(())
+    /// ```
+    pub memory_limit: Option<u64>,
 }
 
 impl Default for Options {
@@ -268,6 +295,7 @@ impl Default for Options {
             checkpoint_interval: None,
             admission: crate::Admission::default(),
             admission_quantum: crate::admission::QUANTUM,
+            memory_limit: None,
         }
     }
 }
@@ -295,4 +323,5 @@ crate::setters::setters! {
     with_doppel => doppel: crate::doppel::DoppelOptions,
     with_admission => admission: crate::Admission,
     with_admission_quantum => admission_quantum: Duration,
+    with_memory_limit => memory_limit: Option<u64>,
 }

@@ -97,6 +97,7 @@ pub(super) fn recover(
     dir: &Path,
     log_dir: &Path,
     db_id: u64,
+    pages: &Arc<AtomicU64>,
 ) -> Result<(HashMap<String, Table>, RecoveryStats)> {
     let t0 = Instant::now();
     let mut by_id: BTreeMap<TableId, Table> = BTreeMap::new();
@@ -140,7 +141,7 @@ pub(super) fn recover(
                     t.inner.id
                 )));
             }
-            by_id.insert(*id, new_table(*id, name, db_id));
+            by_id.insert(*id, new_table(*id, name, db_id, pages));
             return Ok(0);
         }
         redo(rec, at, |table, key, r| {

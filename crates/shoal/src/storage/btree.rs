@@ -270,7 +270,16 @@ impl BTree {
     /// assert!(t.is_empty());
     /// ```
     pub fn with_capacity(leaf_cap: usize, inner_cap: usize) -> Self {
-        let store = PageStore::new();
+        Self::build(PageStore::new(), leaf_cap, inner_cap)
+    }
+
+    /// An empty tree ([`new`](Self::new)) that counts its pages in use in `in_use`, with the
+    /// other trees given the same counter (a database's tables, for its memory limit).
+    pub fn counted(in_use: std::sync::Arc<std::sync::atomic::AtomicU64>) -> Self {
+        Self::build(PageStore::counted(in_use), usize::MAX, usize::MAX)
+    }
+
+    fn build(store: PageStore, leaf_cap: usize, inner_cap: usize) -> Self {
         let root = store.alloc();
         debug_assert_eq!(root, ROOT);
         let t = BTree {

@@ -29,6 +29,7 @@
 use std::alloc::Layout;
 use std::cmp::Ordering;
 use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering as AtomicOrdering};
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 
@@ -329,6 +330,9 @@ const CHUNKS: usize = 40;
 /// The pages of one tree, all resident, with a free list.
 pub struct PageStore {
     chunks: [AtomicPtr<Frame>; CHUNKS],
+    /// Pages in use (allocated and not freed), counted with those of the other stores that
+    /// share the counter (a database's tables, for its memory limit).
+    in_use: Arc<AtomicU64>,
     /// Pages handed out so far (ids below are allocated or free), and the page up to which
     /// the prefaulter was asked to back memory (see [`prefault`]).
     next: Mutex<(PageId, PageId)>,
@@ -452,7 +456,13 @@ impl Default for PageStore {
 impl PageStore {
     /// An empty store.
     pub fn new() -> Self {
+        Self::counted(Arc::default())
+    }
+
+    /// An empty store that counts its pages in use in `in_use` (shared with other stores).
+    pub fn counted(in_use: Arc<AtomicU64>) -> Self {
         PageStore {
+            in_use,
             chunks: std::array::from_fn(|_| AtomicPtr::new(std::ptr::null_mut())),
             next: Mutex::new((0, 0)),
             free: Mutex::new(Vec::new()),
@@ -483,6 +493,7 @@ impl PageStore {
     /// A page for a new node or overflow page: a freed one if any, else a new one. Its
     /// contents are whatever it held before (the caller latches and rewrites it).
     pub fn alloc(&self) -> PageId {
+        self.in_use.fetch_add(1, AtomicOrdering::Relaxed);
         if let Some(p) = self.free.lock().pop() {
             return p;
         }
@@ -525,6 +536,7 @@ impl PageStore {
     /// still read it (and fail validation); it is reused by a later `alloc`.
     pub fn free(&self, pid: PageId) {
         self.free.lock().push(pid);
+        self.in_use.fetch_sub(1, AtomicOrdering::Relaxed);
     }
 
     /// Pages ever handed out (allocated or free now): no chain of pages is longer.
@@ -551,6 +563,8 @@ impl PageStore {
 
 impl Drop for PageStore {
     fn drop(&mut self) {
+        self.in_use
+            .fetch_sub(self.pages_in_use() as u64, AtomicOrdering::Relaxed);
         for (k, c) in self.chunks.iter().enumerate() {
             let p = c.load(AtomicOrdering::Acquire);
             if p.is_null() {

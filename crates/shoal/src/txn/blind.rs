@@ -11,7 +11,7 @@ impl Transaction<'_> {
     /// Applies a blind operation: to the split write set when the record is split for it in
     /// this split phase, otherwise as a read-modify-write under the current protocol.
     fn blind(&mut self, table: &Table, key: &[u8], delta: Delta) -> Result<()> {
-        let slot = self.open(table, key)?;
+        let slot = self.open_write(table, key)?;
         dispatch!(&mut self.cc, p => p.blind(&mut self.cx, slot, key, delta))
     }
 

@@ -113,7 +113,7 @@ impl Transaction<'_> {
         mut f: impl FnMut(Option<&[u8]>) -> Vec<u8>,
     ) -> Result<usize> {
         let key = key.as_ref();
-        let slot = self.open(table, key)?;
+        let slot = self.open_write(table, key)?;
         let max = self.cx.inner().opts.max_value_len;
         let f = |cur: Option<&[u8]>| {
             let v = f(cur);

@@ -437,6 +437,26 @@ impl<'db> Transaction<'db> {
         self.cx.table_slot(table)
     }
 
+    /// [`open`](Self::open) for a write that may add to the tables: refused at the memory
+    /// limit ([`Options::memory_limit`](crate::Options::memory_limit)).
+    fn open_write(&mut self, table: &Table, key: &[u8]) -> Result<u16> {
+        let slot = self.open(table, key)?;
+        self.check_room()?;
+        Ok(slot)
+    }
+
+    /// Refuses a write at the memory limit ([`Options::memory_limit`](crate::Options::memory_limit)).
+    fn check_room(&self) -> Result<()> {
+        let inner = self.cx.inner();
+        match inner.opts.memory_limit {
+            Some(limit) if inner.page_bytes() >= limit => Err(Error::MemoryLimit {
+                used: inner.page_bytes(),
+                limit,
+            }),
+            _ => Ok(()),
+        }
+    }
+
     /// Reads the value of `key`, or `None` if absent. Takes SN on the key (held to commit), so
     /// neither the value nor its absence can change under this transaction.
     ///
@@ -559,6 +579,7 @@ impl<'db> Transaction<'db> {
         self.cx.check_key(key)?;
         self.cx.check_value(w.value())?;
         let slot = self.cx.table_slot(table)?;
+        self.check_room()?;
         dispatch!(&mut self.cc, p => p.write(&mut self.cx, slot, key, w))
     }
 
@@ -638,7 +659,7 @@ impl<'db> Transaction<'db> {
     }
 
     fn int_op(&mut self, table: &Table, key: &[u8], op: impl IntOp) -> Result<i64> {
-        let slot = self.open(table, key)?;
+        let slot = self.open_write(table, key)?;
         dispatch!(&mut self.cc, p => p.int_op(&mut self.cx, slot, key, &op))
     }
 

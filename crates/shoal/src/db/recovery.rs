@@ -200,6 +200,21 @@ mod tests {
         log.wait_durable(end).expect("durable");
     }
 
+    /// A database with `tables`, then `rec` logged as it stands, then a reopen: the
+    /// directory and what the reopen gave.
+    fn reopened_after(tables: &[&str], rec: LogRecord) -> (tempfile::TempDir, Result<Database>) {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let db = Database::open(dir.path(), Options::default()).unwrap();
+            for t in tables {
+                db.create_table(t).unwrap();
+            }
+            log_raw(&db, &rec);
+        }
+        let r = Database::open(dir.path(), Options::default());
+        (dir, r)
+    }
+
     fn is_corrupt(r: Result<Database>, what: &str) -> bool {
         match r {
             Err(Error::Corrupt { detail, .. }) => detail.contains(what),
@@ -237,71 +252,41 @@ mod tests {
 
     #[test]
     fn a_table_id_logged_under_two_names_fails_open_as_corrupt() {
-        let dir = tempfile::tempdir().unwrap();
-        {
-            let db = Database::open(dir.path(), Options::default()).unwrap();
-            let a = db.create_table("a").unwrap();
-            log_raw(
-                &db,
-                &LogRecord::CreateTable {
-                    id: a.inner.id,
-                    name: "b".into(),
-                },
-            );
-        }
-        let r = Database::open(dir.path(), Options::default());
-        assert!(is_corrupt(r, "already \"a\""));
+        let b = LogRecord::CreateTable {
+            id: 1,
+            name: "b".into(),
+        };
+        assert!(is_corrupt(reopened_after(&["a"], b).1, "already \"a\""));
     }
 
     #[test]
     fn a_table_name_logged_under_two_ids_fails_open_as_corrupt() {
-        let dir = tempfile::tempdir().unwrap();
-        {
-            let db = Database::open(dir.path(), Options::default()).unwrap();
-            db.create_table("a").unwrap();
-            log_raw(
-                &db,
-                &LogRecord::CreateTable {
-                    id: 7,
-                    name: "a".into(),
-                },
-            );
-        }
-        let r = Database::open(dir.path(), Options::default());
-        assert!(is_corrupt(r, "already id 1"));
+        let a = LogRecord::CreateTable {
+            id: 7,
+            name: "a".into(),
+        };
+        assert!(is_corrupt(reopened_after(&["a"], a).1, "already id 1"));
     }
 
     #[test]
     fn a_table_name_no_database_accepts_fails_open_as_corrupt() {
         for name in [String::new(), "a\nb".into(), "x".repeat(300)] {
-            let dir = tempfile::tempdir().unwrap();
-            {
-                let db = Database::open(dir.path(), Options::default()).unwrap();
-                log_raw(&db, &LogRecord::CreateTable { id: 1, name });
-            }
-            let r = Database::open(dir.path(), Options::default());
+            let (_dir, r) = reopened_after(&[], LogRecord::CreateTable { id: 1, name });
             assert!(is_corrupt(r, "a create-table record names table"));
         }
     }
 
     #[test]
     fn a_new_table_never_reuses_the_id_of_a_recovered_one() {
-        let dir = tempfile::tempdir().unwrap();
+        // Ids with a gap (1 and 3): a new table numbered by the table count would be 3 too,
+        // and its rows would be replayed into "c".
+        let c = LogRecord::CreateTable {
+            id: 3,
+            name: "c".into(),
+        };
+        let (dir, r) = reopened_after(&["a"], c);
         {
-            let db = Database::open(dir.path(), Options::default()).unwrap();
-            db.create_table("a").unwrap();
-            // Ids with a gap (1 and 3): a new table numbered by the table count would be
-            // 3 too, and its rows would be replayed into "c".
-            log_raw(
-                &db,
-                &LogRecord::CreateTable {
-                    id: 3,
-                    name: "c".into(),
-                },
-            );
-        }
-        {
-            let db = Database::open(dir.path(), Options::default()).unwrap();
+            let db = r.unwrap();
             let c = db.table("c").unwrap();
             let d = db.create_table("d").unwrap();
             assert_ne!(c.inner.id, d.inner.id);

@@ -714,3 +714,43 @@ fn a_stash_queue_keeps_the_worker_running_while_stashed_work_waits() {
     let rows = db.run(|tx| tx.scan(&t, "r".."s")).unwrap();
     assert_eq!(rows.len(), runs.len());
 }
+
+/// A checkpoint asked for inside a split-phase transaction fails at once, even while another
+/// checkpoint waits for a joined phase. That one took the checkpoint lock before it waited,
+/// so the second blocked on the lock inside its transaction, which kept the split phase from
+/// ending: all three waited for ever.
+#[test]
+fn a_checkpoint_inside_a_split_phase_transaction_fails_while_another_waits() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = doppel_opts(1500);
+    opts.log = shoal::LogMode::Async;
+    let db = Database::open(dir.path(), opts).unwrap();
+    let t = db.create_table("t").unwrap();
+    split_hot(&db, &t);
+    let waiting = {
+        let db = db.clone();
+        std::thread::spawn(move || db.checkpoint().map(drop))
+    };
+    // Let it reach its wait for a joined phase.
+    std::thread::sleep(Duration::from_millis(100));
+    let (tx_done, got) = std::sync::mpsc::channel();
+    {
+        let (db, t) = (db.clone(), t.clone());
+        std::thread::spawn(move || {
+            let mut tx = db.begin();
+            tx.add(&t, "hot", 1).unwrap();
+            let r = db.checkpoint().map(drop);
+            tx.commit().unwrap();
+            let _ = tx_done.send(r);
+        });
+    }
+    match got.recv_timeout(Duration::from_secs(10)) {
+        Ok(r) => assert!(matches!(r, Err(Error::Unsupported(_))), "{r:?}"),
+        Err(_) => {
+            // Hung: leak the database rather than hang in its drop too.
+            std::mem::forget(db);
+            panic!("a checkpoint inside a split-phase transaction waited for ever");
+        }
+    }
+    waiting.join().unwrap().unwrap();
+}

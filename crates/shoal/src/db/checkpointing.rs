@@ -208,13 +208,25 @@ impl DbInner {
             }
             Ok(())
         };
-        let _one_at_a_time = self.checkpoint_lock.lock();
-        // Under Doppel a checkpoint runs inside a joined phase: no slice is unreconciled.
+        // Under Doppel a checkpoint runs inside a joined phase: no slice is unreconciled. The
+        // pin comes before the lock: a checkpoint waiting for a joined phase must not hold up
+        // one asked for inside a split-phase transaction, which fails at once instead (holding
+        // the lock, the waiter kept that transaction, and so the split phase, from ending).
         let _pin = match self.doppel() {
             Some(d) => Some(crate::doppel::Pin::new(d)?),
             None => None,
         };
+        let _one_at_a_time = self.checkpoint_lock.lock();
         let lsn = log.released();
+        // Nothing was logged since the newest checkpoint: it holds this state already. A
+        // second file at the same LSN would replace it by its rename, and a failed read-back
+        // of the new one would then remove the only checkpoint, the log below it gone.
+        if checkpoint::list(vfs, dir)?
+            .last()
+            .is_some_and(|&(l, _)| l == lsn)
+        {
+            return Ok(Some(lsn));
+        }
         // Dropped unfinished (an error, or abandoned), the writer removes its file: the
         // previous checkpoint and the log stay as they were.
         let mut w = CheckpointWriter::create(vfs, dir, lsn)?;

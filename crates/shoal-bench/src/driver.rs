@@ -194,8 +194,10 @@ pub struct RunStats {
     pub stashed: u64,
     /// Doppel: the runtime's counters over the run (`None` unless `--cc doppel`).
     pub doppel: Option<DoppelRun>,
-    /// CPU time the worker threads used in the measurement window, summed (`None` where
-    /// threads' CPU clocks cannot be read).
+    /// CPU time the worker threads used in the measurement window, summed: each worker's CPU
+    /// clock read by the driver as it opens the window and as it stops the run (`None` where
+    /// threads' CPU clocks cannot be read). Background threads (the log flusher, the
+    /// checkpointer, Doppel's coordinator) are not counted.
     pub worker_cpu: Option<Duration>,
 }
 
@@ -311,9 +313,6 @@ impl Control {
 struct WorkerOut {
     total: u64,
     per_type: Vec<TypeStats>,
-    /// CPU time this thread had used when it ended (its clock at the window's start is
-    /// read by the driver: a worker blocked for the whole window never looks at it).
-    cpu: Option<Duration>,
 }
 
 /// The calling thread's CPU clock, which another thread may read with [`cpu_of`] while this
@@ -369,28 +368,6 @@ fn cpu_clocks(ctl: &Control) -> Vec<Option<Duration>> {
         .collect()
 }
 
-/// CPU time the calling thread has used (Linux `CLOCK_THREAD_CPUTIME_ID`; `None` elsewhere
-/// or on error). Unlike wall time, it does not count the time other processes held the core.
-fn thread_cpu() -> Option<Duration> {
-    #[cfg(target_os = "linux")]
-    {
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: `ts` is a valid, writable timespec for the duration of the call.
-        let r = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-        (r == 0).then(|| {
-            Duration::new(
-                u64::try_from(ts.tv_sec).unwrap_or(0),
-                u32::try_from(ts.tv_nsec).unwrap_or(0),
-            )
-        })
-    }
-    #[cfg(not(target_os = "linux"))]
-    None
-}
-
 /// The worker loop: every transaction until the run stops.
 fn worker<L: WorkerLoop>(
     kinds: &'static [&'static str],
@@ -402,7 +379,6 @@ fn worker<L: WorkerLoop>(
     let mut out = WorkerOut {
         total: 0,
         per_type: kinds.iter().map(|n| TypeStats::new(n)).collect(),
-        cpu: None,
     };
     let mut rng = SmallRng::seed_from_u64(seed ^ 0x5eed);
     'txns: while ctl.phase() != STOP {
@@ -462,7 +438,6 @@ fn worker<L: WorkerLoop>(
             }
         }
     }
-    out.cpu = thread_cpu();
     l.finish();
     out
 }
@@ -487,7 +462,7 @@ pub fn measure<A: Adapter>(
         probe: win.sampling.map(|_| Probe::new(threads)),
         clocks: (0..threads).map(|_| AtomicI64::new(NO_CLOCK)).collect(),
     };
-    let mut cpu_start = Vec::new();
+    let (mut cpu_start, mut cpu_end) = (Vec::new(), Vec::new());
     let mut sampler = win.sampling.map(|(s, point)| Sampler::new(s, point));
     let total = win.warmup + win.duration;
     let pb = if win.sampling.is_some_and(|(s, _)| s.print) {
@@ -542,7 +517,6 @@ pub fn measure<A: Adapter>(
                             WorkerOut {
                                 total: 0,
                                 per_type: kinds.iter().map(|n| TypeStats::new(n)).collect(),
-                                cpu: None,
                             }
                         }
                     }
@@ -557,7 +531,8 @@ pub fn measure<A: Adapter>(
             ctl.phase.store(MEASURE, Ordering::Release);
         }
         if let (Some(s), Some(p), Some(t)) = (&mut sampler, &ctl.probe, measure_start) {
-            s.start(t, 0, p);
+            // What the workers committed while the others were spawned is not the window's.
+            s.start(t, ctl.commits(), p);
         }
         let mut last_tick = start;
         let mut last_commits = 0u64;
@@ -582,14 +557,19 @@ pub fn measure<A: Adapter>(
             // The window ends `duration` after it started (not at warm-up + duration from
             // the start: on a loaded machine the first tick can come late).
             if measure_start.is_some_and(|m| now - m >= win.duration) {
+                // Stop first, then the clocks: a commit counts only in the measuring phase,
+                // so none falls between the window's end and the stop. The workers' CPU
+                // clocks are read here too, not when each finishes the transaction it is in.
+                ctl.phase.store(STOP, Ordering::Release);
+                let end = Instant::now();
+                cpu_end = cpu_clocks(&ctl);
                 rss_end_kb = rss::current_kb();
                 lock_end = footprint();
                 dop_end = dop.take().zip(db).and_then(|(d, db)| d.finish(db));
-                ctl.phase.store(STOP, Ordering::Release);
                 if let (Some(s), Some(p)) = (&mut sampler, &ctl.probe) {
-                    s.finish(now, ctl.commits(), p, gauges);
+                    s.finish(end, ctl.commits(), p, gauges);
                 }
-                break now - measure_start.unwrap_or(now);
+                break end - measure_start.unwrap_or(end);
             }
             if let (Some(s), Some(p)) = (&mut sampler, &ctl.probe) {
                 s.tick(now, ctl.commits(), p, gauges);
@@ -637,8 +617,11 @@ pub fn measure<A: Adapter>(
         worker_cpu: Some(Duration::ZERO),
     };
     for (t, o) in outs.into_iter().enumerate() {
-        let from = cpu_start.get(t).copied().flatten();
-        let window = from.zip(o.cpu).map(|(from, to)| to.saturating_sub(from));
+        let (from, to) = (
+            cpu_start.get(t).copied().flatten(),
+            cpu_end.get(t).copied().flatten(),
+        );
+        let window = from.zip(to).map(|(from, to)| to.saturating_sub(from));
         stats.worker_cpu = stats.worker_cpu.zip(window).map(|(a, b)| a + b);
         stats.total_committed += o.total;
         stats.per_thread.push(o.total);
@@ -852,6 +835,24 @@ mod tests {
             st.measured
         );
         assert!(st.total_committed >= st.committed + 200, "{st:?}");
+
+        // The per-interval series leaves them out too (its first interval counted them).
+        let run = Point(vec![("threads", crate::sweep::Value::Int(2))]);
+        let every = crate::interval::Sampling {
+            every: Duration::from_millis(50),
+            print: false,
+        };
+        let win = Window {
+            sampling: Some((every, &run)),
+            ..window()
+        };
+        let st = measure(&win, &p, 2, 7).unwrap().unwrap();
+        let sampled: u64 = st.intervals.iter().map(|s| s.commits).sum();
+        assert!(
+            sampled <= st.committed + 2,
+            "intervals {sampled} commits, window {}",
+            st.committed
+        );
     }
 
     /// A worker that waits through the whole window (here in one long transaction; in a run,

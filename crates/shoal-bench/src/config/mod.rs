@@ -463,6 +463,14 @@ impl RunConfig {
     /// [`skip_reason`](Self::skip_reason); adds `--cc atomic` on workloads without an
     /// atomic form).
     pub fn skip_reason_for(&self, workload: Option<WorkloadKind>) -> Option<String> {
+        if workload == Some(WorkloadKind::Intents) && self.cc != Cc::TwoPl {
+            // Its transactions take intent locks and nothing else: under another control
+            // they do nothing, and its check would pass without checking anything.
+            return Some(format!(
+                "skipping {}: intent locks exist under 2pl only",
+                self.point.describe()
+            ));
+        }
         crate::workloads::doppel_args::skip_reason(self, workload).or_else(|| self.skip_reason())
     }
 

@@ -1166,3 +1166,28 @@ fn a_database_at_its_memory_limit_refuses_writes_and_keeps_everything_else() {
         assert_eq!(more.is_ok(), limit > LIMIT, "{more:?}");
     }
 }
+
+/// Under `Serial` a transaction holds the database's one mutex from begin to end: a
+/// checkpoint asked for inside it on the same thread is refused (it used to wait for that
+/// mutex, on its own thread, for ever), and one asked for afterwards runs.
+#[test]
+fn a_checkpoint_inside_a_serial_transaction_of_the_same_thread_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let o = Options::default().with_cc(ConcurrencyControl::Serial);
+    let db = Database::open(dir.path(), o).expect("open");
+    let t = db.create_table("t").expect("create");
+    let mut tx = db.begin();
+    tx.put(&t, "k", "v").expect("put");
+    assert!(matches!(db.checkpoint(), Err(Error::Unsupported(_))));
+    tx.commit().expect("commit");
+    assert!(db.checkpoint().expect("checkpoint").is_some());
+    // Another thread's checkpoint waits for the transaction instead.
+    let mut tx = db.begin();
+    tx.put(&t, "k2", "v").expect("put");
+    std::thread::scope(|s| {
+        let h = s.spawn(|| db.checkpoint());
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        tx.commit().expect("commit");
+        assert!(h.join().expect("join").expect("checkpoint").is_some());
+    });
+}

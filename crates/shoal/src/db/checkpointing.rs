@@ -216,6 +216,12 @@ impl DbInner {
             Some(d) => Some(crate::doppel::Pin::new(d)?),
             None => None,
         };
+        if self.opts.cc == ConcurrencyControl::Serial && crate::txn::holds_serial_turn(self.id) {
+            // It would wait for the mutex its own transaction holds.
+            return Err(Error::Unsupported(
+                "a checkpoint inside a transaction of the same thread under Serial".into(),
+            ));
+        }
         let _one_at_a_time = self.checkpoint_lock.lock();
         let lsn = log.released();
         // Nothing was logged since the newest checkpoint: it holds this state already. A

@@ -60,7 +60,9 @@ pub enum ConcurrencyControl {
     Doppel,
     /// No locks: transactions run one at a time behind a single database-wide mutex. This is
     /// the cost floor the harness measures concurrency control against; it is serializable
-    /// only because it is serial.
+    /// only because it is serial. A thread holding a transaction must not begin a second one
+    /// of the same database (it would wait for itself); a checkpoint asked for inside one
+    /// fails with [`Error::Unsupported`].
     Serial,
 }
 

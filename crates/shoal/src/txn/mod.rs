@@ -130,9 +130,46 @@ pub struct Transaction<'db> {
     cc: Cc,
     finished: bool,
     /// `Serial`: the database's one mutex, held from begin to end.
-    _serial: Option<MutexGuard<'db, ()>>,
+    _serial: Option<SerialTurn<'db>>,
     /// How `commit` is acknowledged.
     commit_mode: LogMode,
+}
+
+thread_local! {
+    /// The databases whose `Serial` mutex this thread holds (see [`SerialTurn`]).
+    static SERIAL_TURNS: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// A `Serial` transaction's hold of its database's mutex, known to its thread: a checkpoint
+/// asked for inside it would wait for the mutex its own thread holds.
+struct SerialTurn<'db> {
+    _guard: MutexGuard<'db, ()>,
+    db: u64,
+}
+
+impl<'db> SerialTurn<'db> {
+    fn new(guard: MutexGuard<'db, ()>, db: u64) -> Self {
+        let _ = SERIAL_TURNS.try_with(|t| t.borrow_mut().push(db));
+        SerialTurn { _guard: guard, db }
+    }
+}
+
+impl Drop for SerialTurn<'_> {
+    fn drop(&mut self) {
+        let _ = SERIAL_TURNS.try_with(|t| {
+            let mut t = t.borrow_mut();
+            if let Some(i) = t.iter().position(|&d| d == self.db) {
+                t.swap_remove(i);
+            }
+        });
+    }
+}
+
+/// Whether this thread holds database `db`'s `Serial` mutex (a transaction of it is open).
+pub(crate) fn holds_serial_turn(db: u64) -> bool {
+    SERIAL_TURNS
+        .try_with(|t| t.borrow().contains(&db))
+        .unwrap_or(false)
 }
 
 /// What every protocol uses of its transaction: the database, the ids, the tables it named,
@@ -358,10 +395,11 @@ impl<'db> Transaction<'db> {
         // First of all, so that the wait to run counts in the transaction's latency.
         let admitted = inner.gate.as_ref().is_some_and(crate::admission::begin);
         let serial = (cc == ConcurrencyControl::Serial).then(|| {
-            inner
+            let guard = inner
                 .serial
                 .try_lock()
-                .unwrap_or_else(|| crate::admission::blocking(|| inner.serial.lock()))
+                .unwrap_or_else(|| crate::admission::blocking(|| inner.serial.lock()));
+            SerialTurn::new(guard, inner.id)
         });
         let id = inner
             .next_txn

@@ -419,9 +419,9 @@ fn every_bit_flip_in_a_cleanly_closed_database_is_caught_or_costs_nothing() {
     assert!(o.corrupt_reported > 0 && o.close_record_cut > 0, "{o:?}");
 }
 
-#[test]
-fn a_full_disk_at_commit_leaves_no_trace_and_a_failed_checkpoint_no_file() {
-    // Find the operation of the first commit's log write, fail it with ENOSPC once.
+/// A 2PL database with synchronous commits on a new in-memory file system, and its table
+/// `t` holding `k0` (committed).
+fn sync_2pl_with_k0() -> (Config, MemFs, Database, crate::Table) {
     let cfg = Config {
         cc: TWO_PL,
         log: LogMode::Sync,
@@ -431,6 +431,13 @@ fn a_full_disk_at_commit_leaves_no_trace_and_a_failed_checkpoint_no_file() {
     let db = Database::open_on(Arc::new(fs.clone()), Path::new(DIR), cfg.options()).expect("open");
     let t = db.create_table("t").expect("table");
     db.run(|tx| tx.put(&t, "k0", "v")).expect("commit");
+    (cfg, fs, db, t)
+}
+
+#[test]
+fn a_full_disk_at_commit_leaves_no_trace_and_a_failed_checkpoint_no_file() {
+    // Find the operation of the first commit's log write, fail it with ENOSPC once.
+    let (cfg, fs, db, t) = sync_2pl_with_k0();
     fs.fail_at(fs.ops(), Fault::NoSpace, false);
     let e = db.run(|tx| tx.put(&t, "k1", "v")).expect_err("ENOSPC");
     assert!(e.to_string().contains("log-"), "{e}");
@@ -598,15 +605,7 @@ fn a_flush_whose_sectors_reach_the_disk_in_any_order_is_cut_as_a_torn_tail() {
 /// it already gone.
 #[test]
 fn a_checkpoint_with_nothing_logged_since_the_last_touches_nothing() {
-    let cfg = Config {
-        cc: TWO_PL,
-        log: LogMode::Sync,
-        elr: Elr::Off,
-    };
-    let fs = MemFs::new();
-    let db = Database::open_on(Arc::new(fs.clone()), Path::new(DIR), cfg.options()).expect("open");
-    let t = db.create_table("t").expect("table");
-    db.run(|tx| tx.put(&t, "k0", "v")).expect("commit");
+    let (_, fs, db, t) = sync_2pl_with_k0();
     let first = db.checkpoint().expect("checkpoint").expect("an LSN");
     let (ops, files) = (fs.ops(), fs.files());
     db.run(|tx| tx.get(&t, "k0")).expect("a read logs nothing");

@@ -120,12 +120,6 @@ fn check_limits(opts: &Options) -> Result<u64> {
     Ok(limit)
 }
 
-/// Checks that the lock table runs the deadlock handling the options name. Every lock table
-/// runs every [`DeadlockPolicy`](crate::lock::DeadlockPolicy) (the decisions are shared,
-/// `lock::deadlock`); a victim rule other than kill-young means something only to
-/// Dreadlocks, whose cycles have two sides to choose from. The waits-for graph aborts the
-/// transaction its search finds the cycle from, and the prevention policies name their own
-/// victim, so a kill-short or kill-long there would be silently ignored: refused instead.
 /// The largest log buffer [`Options::log_buffer`] may ask for (4 GiB).
 const MAX_LOG_BUFFER: usize = 1 << 32;
 /// The largest log segment [`Options::log_segment_size`] may ask for (1 TiB).
@@ -135,10 +129,14 @@ const MAX_SEGMENT_SIZE: u64 = 1 << 40;
 const MAX_SLOTS: usize = 1 << 16;
 
 /// Checks what every database checks of its options, in memory or on disk, and returns them
-/// with every duration capped at [`MAX_DURATION`] (so that
-/// `Duration::MAX`, "never", cannot overflow a deadline): a victim rule only with a policy
-/// that uses it, keys no longer than a page guarantees room for, and slot counts that can be
-/// allocated.
+/// with every duration capped at [`MAX_DURATION`] (so that `Duration::MAX`, "never", cannot
+/// overflow a deadline): keys no longer than a page guarantees room for, slot counts that can
+/// be allocated, and the deadlock handling the options name. Every lock table runs every
+/// [`DeadlockPolicy`](crate::lock::DeadlockPolicy) (the decisions are shared,
+/// `lock::deadlock`); a victim rule other than kill-young means something only to
+/// Dreadlocks, whose cycles have two sides to choose from. The waits-for graph aborts the
+/// transaction its search finds the cycle from, and the prevention policies name their own
+/// victim, so a kill-short or kill-long there would be silently ignored: refused instead.
 fn check_options(mut opts: Options) -> Result<Options> {
     use crate::lock::{DeadlockPolicy, Victim};
     if opts.victim != Victim::KillYoung && !matches!(opts.deadlock, DeadlockPolicy::Dreadlocks(_)) {

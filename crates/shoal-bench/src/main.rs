@@ -489,6 +489,14 @@ fn run_bench_into(args: &BenchArgs, records: &mut Vec<Record>) -> anyhow::Result
     if plan.runs.is_empty() {
         anyhow::bail!("no combination of the options given can run");
     }
+    if let (Some(json), Some(csv)) = (&args.json, &args.interval.csv) {
+        // Each would overwrite the other after every run.
+        anyhow::ensure!(
+            json != csv,
+            "--json and --csv name the same file, {}",
+            json.display()
+        );
+    }
     if let Some(path) = &args.json {
         // Fail before loading anything if the file cannot be written.
         report::write_json(path, records)?;

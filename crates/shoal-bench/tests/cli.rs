@@ -199,6 +199,13 @@ fn a_victim_rule_is_skipped_where_the_deadlock_policy_chooses_its_own() {
     assert!(stdout.contains("dreadlocks-spin"), "{stdout}");
 }
 
+/// `--json` and `--csv` naming one file would overwrite each other after every run.
+#[test]
+fn json_and_csv_into_one_file_are_refused() {
+    let stderr = bench_fails("--json out.json --csv out.json");
+    assert!(stderr.contains("same file"), "{stderr}");
+}
+
 /// Values that would overflow a duration or allocate without bound are usage errors.
 #[test]
 fn out_of_range_windows_and_admission_are_usage_errors() {

@@ -69,7 +69,9 @@ impl Latency {
 pub struct Aborts {
     /// All aborts.
     pub aborted: u64,
-    /// Aborts by deadlock.
+    /// Aborts reported as deadlocks: cycles a detecting policy found (the waits-for graph,
+    /// Dreadlocks, including its false positives) and the aborts of the prevention policies
+    /// (no-wait, wait-die, wound-wait), which abort on a wait that could close a cycle.
     pub aborted_deadlock: u64,
     /// Aborts by lock timeout (SQLite: busy).
     pub aborted_lock_timeout: u64,

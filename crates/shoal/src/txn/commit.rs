@@ -275,7 +275,8 @@ impl TwoPl {
                         reclaim.collect_locked(
                             &*locks,
                             locking,
-                            (0, end),
+                            0,
+                            || end,
                             ghosts.into_iter().map(|(s, k)| (&tables[s as usize], k)),
                         );
                         pipe.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);

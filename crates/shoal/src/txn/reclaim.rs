@@ -173,7 +173,8 @@ impl Reclaim {
     /// for serial transactions, which take no locks.
     ///
     /// `lsn` is the deleting commit's end LSN when it released its locks before its record
-    /// was durable (SX-ELR), else 0, and `durable` the log's durable LSN now. Such a ghost
+    /// was durable (SX-ELR), else 0, and `durable` reads the log's durable LSN (only when a
+    /// ghost or a deferred one needs it: the flusher writes that line often). Such a ghost
     /// stays until its delete is durable: a scan that passes over its key locks the
     /// neighbours, not the key, so the ghost's lock is the only one that carries the delete's
     /// LSN to a read-only reader (Kimura §5.2's wait); without the ghost, the reader would
@@ -182,13 +183,16 @@ impl Reclaim {
         &self,
         locks: &dyn LockTable,
         locking: bool,
-        (lsn, durable): (u64, u64),
+        lsn: u64,
+        durable: impl Fn() -> u64,
         ghosts: impl IntoIterator<Item = (&'t Table, Box<[u8]>)>,
     ) {
+        let now = std::cell::OnceCell::new();
+        let durable = || *now.get_or_init(&durable);
         let mut busy = Vec::new();
         for (table, key) in ghosts {
             let table = table.clone();
-            if lsn > durable {
+            if lsn > 0 && lsn > durable() {
                 busy.push(Deferred { table, key, lsn });
             } else if let Some(key) = remove_if_free(locks, locking, &table, key) {
                 busy.push(Deferred { table, key, lsn: 0 });
@@ -199,7 +203,9 @@ impl Reclaim {
                 let mut q = self.deferred.lock();
                 // Oldest first; stop at a delete not yet durable (those behind it came later).
                 let mut r = Vec::new();
-                while r.len() < RETRY_PER_RELEASE && q.front().is_some_and(|g| g.lsn <= durable) {
+                while r.len() < RETRY_PER_RELEASE
+                    && q.front().is_some_and(|g| g.lsn == 0 || g.lsn <= durable())
+                {
                     r.extend(q.pop_front());
                 }
                 self.deferred_len.store(q.len(), SeqCst);

@@ -380,11 +380,12 @@ impl TwoPl {
     fn collect_ghosts(&mut self, cx: &mut Ctx<'_>, lsn: u64) {
         let ghosts = std::mem::take(&mut self.ghosts);
         let tables = &cx.tables;
-        let durable = cx.inner().log.as_ref().map_or(u64::MAX, |l| l.durable());
-        cx.inner().reclaim.collect_locked(
-            &*cx.inner().locks,
+        let inner = cx.inner();
+        inner.reclaim.collect_locked(
+            &*inner.locks,
             self.locking,
-            (lsn, durable),
+            lsn,
+            || inner.log.as_ref().map_or(u64::MAX, |l| l.durable()),
             ghosts.into_iter().map(|(s, k)| (tables[s as usize], k)),
         );
     }

@@ -191,11 +191,20 @@ impl Reclaim {
         let durable = || *now.get_or_init(&durable);
         let mut busy = Vec::new();
         for (table, key) in ghosts {
-            let table = table.clone();
+            // The table handle is cloned only for a ghost that stays: its reference count is
+            // a line every thread's deletes would otherwise write.
             if lsn > 0 && lsn > durable() {
-                busy.push(Deferred { table, key, lsn });
-            } else if let Some(key) = remove_if_free(locks, locking, &table, key) {
-                busy.push(Deferred { table, key, lsn: 0 });
+                busy.push(Deferred {
+                    table: table.clone(),
+                    key,
+                    lsn,
+                });
+            } else if let Some(key) = remove_if_free(locks, locking, table, key) {
+                busy.push(Deferred {
+                    table: table.clone(),
+                    key,
+                    lsn: 0,
+                });
             }
         }
         if self.deferred_len.load(SeqCst) > 0 {

@@ -332,10 +332,11 @@ impl DbInner {
     ) -> Result<KeyValues> {
         let mut values: KeyValues = keys.into_iter().map(|k| (k, None)).collect();
         log.wait_durable(lsn)?;
+        let mut exact = super::recovery::ExactAdds::default();
         let mut after = |table, key: Vec<u8>, r: Redo| {
             let k = (table, key);
             if let Some(v) = values.get_mut(&k) {
-                *v = r.after(&k.1, v.as_deref());
+                *v = exact.after(table, &k.1, r, v.as_deref());
             }
             Ok(())
         };

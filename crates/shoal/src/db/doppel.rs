@@ -146,6 +146,10 @@ impl Store for DbInner {
         self.log.is_some()
     }
 
+    fn max_value_len(&self) -> usize {
+        self.opts.max_value_len
+    }
+
     fn log_commit(&self, writes: Vec<LogWrite>) {
         if let Some(log) = &self.log {
             let txn = self.next_txn.fetch_add(1, Ordering::Relaxed);

@@ -47,6 +47,44 @@ impl Redo {
     }
 }
 
+/// The exact value, unclamped, of every key that split ADDs changed since its last
+/// after-image. Replay clamps a split phase's additions once, at the end, as reconciliation
+/// does (see [`Delta::Add`](crate::doppel::Delta)): clamped one by one, `-10, +MAX, +MAX,
+/// -MAX` would come back as 0 where the database held `MAX - 10`.
+#[derive(Default)]
+pub(super) struct ExactAdds(rustc_hash::FxHashMap<TableId, rustc_hash::FxHashMap<Vec<u8>, i128>>);
+
+impl ExactAdds {
+    /// [`Redo::after`], with a split ADD summed exactly on top of the key's earlier ones.
+    pub(super) fn after(
+        &mut self,
+        table: TableId,
+        key: &[u8],
+        r: Redo,
+        cur: Option<&[u8]>,
+    ) -> Option<Vec<u8>> {
+        let Redo::Op(crate::doppel::Delta::Add(n)) = r else {
+            if let Some(m) = self.0.get_mut(&table) {
+                m.remove(key);
+            }
+            return r.after(key, cur);
+        };
+        let keys = self.0.entry(table).or_default();
+        let base = match (keys.get(key), cur) {
+            (Some(&exact), _) => exact,
+            (None, None) => 0,
+            (None, Some(v)) => match <[u8; 8]>::try_from(v) {
+                Ok(b) => i128::from(i64::from_le_bytes(b)),
+                // Not an integer: the operation changed nothing when it ran.
+                Err(_) => return Some(v.to_vec()),
+            },
+        };
+        let exact = base.saturating_add(n);
+        keys.insert(key.to_vec(), exact);
+        Some(crate::doppel::clamp_i64(exact).to_le_bytes().to_vec())
+    }
+}
+
 /// Calls `f(table, key, redo)` for every key a commit record (`Commit` or `Ops`) changes, in
 /// replay order; returns how many. A checkpoint marker in the log or a split operation that
 /// does not decode is `Error::Corrupt` at `at`; `CreateTable` records are the caller's.
@@ -103,7 +141,9 @@ pub(super) fn recover(
     let mut by_id: BTreeMap<TableId, Table> = BTreeMap::new();
     let mut stats = RecoveryStats::default();
     let mut from = 0;
+    let mut exact = ExactAdds::default();
     let apply = |by_id: &mut BTreeMap<TableId, Table>,
+                 exact: &mut ExactAdds,
                  rec: LogRecord,
                  at: (&Path, u64)|
      -> Result<u64> {
@@ -152,7 +192,7 @@ pub(super) fn recover(
             })?;
             t.inner.tree.update(&key, |slot| {
                 let cur = slot.as_ref().filter(|r| !r.ghost).map(|r| &r.value[..]);
-                *slot = r.after(&key, cur).map(|value| Record {
+                *slot = exact.after(table, &key, r, cur).map(|value| Record {
                     value,
                     ghost: false,
                     tid: 0,
@@ -165,7 +205,7 @@ pub(super) fn recover(
         from = ck.lsn;
         stats.checkpoint_lsn = Some(ck.lsn);
         for rec in ck.records {
-            stats.checkpoint_rows += apply(&mut by_id, rec, (dir, 0))?;
+            stats.checkpoint_rows += apply(&mut by_id, &mut exact, rec, (dir, 0))?;
         }
     }
     let mut records = 0u64;
@@ -173,7 +213,7 @@ pub(super) fn recover(
     let scan = segment::replay(vfs, log_dir, from, None, |lsn, rec| {
         closed = matches!(rec, LogRecord::Close);
         records += u64::from(!closed);
-        apply(&mut by_id, rec, (log_dir, lsn)).map(|_| ())
+        apply(&mut by_id, &mut exact, rec, (log_dir, lsn)).map(|_| ())
     })?;
     stats.log_records = records;
     stats.closed_cleanly = closed && scan.torn_bytes == 0;

@@ -10,8 +10,8 @@ use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
 use super::{
-    epoch_of, key_hash, Doppel, DoppelOptions, DoppelStats, Key, OpClass, Phase, SplitMap, SplitOp,
-    CHANGING, SPLIT,
+    epoch_of, key_hash, Delta, Doppel, DoppelOptions, DoppelStats, Key, OpClass, Phase, SplitMap,
+    SplitOp, CHANGING, SPLIT,
 };
 use crate::error::{Error, Result};
 use crate::lock::TableId;
@@ -39,6 +39,22 @@ pub(crate) trait Store: Send + Sync {
 
     /// Logs `writes` (after-images) as one commit record of a new transaction id.
     fn log_commit(&self, writes: Vec<LogWrite>);
+
+    /// The database's `Options::max_value_len`.
+    fn max_value_len(&self) -> usize;
+}
+
+/// The records of `want` that can be split now: those whose table exists and whose live
+/// value holds the operation's type (see [`SplitOp::fits`]).
+fn splittable(db: &dyn Store, want: &FxHashMap<Key, SplitOp>) -> FxHashMap<Key, SplitOp> {
+    let max = db.max_value_len();
+    want.iter()
+        .filter(|((t, k), op)| {
+            db.live_value(*t, k)
+                .is_some_and(|v| op.fits(v.as_deref(), max))
+        })
+        .map(|(key, op)| (key.clone(), *op))
+        .collect()
 }
 
 impl Doppel {
@@ -156,18 +172,9 @@ impl Doppel {
         let mut map: SplitMap = FxHashMap::default();
         ctl.current.clear();
         if let Some(target) = target {
-            for ((t, k), op) in target {
-                let Some(value) = db.live_value(*t, k) else {
-                    continue;
-                };
-                let fits = match &value {
-                    Some(v) => op.fits(Some(v)),
-                    None => true,
-                };
-                if fits {
-                    map.entry(*t).or_default().insert(k.clone(), *op);
-                    ctl.current.insert((*t, k.clone()), *op);
-                }
+            for ((t, k), op) in splittable(db, target) {
+                map.entry(t).or_default().insert(k.clone(), op);
+                ctl.current.insert((t, k), op);
             }
         }
         let n = ctl.current.len();
@@ -191,15 +198,27 @@ impl Doppel {
     /// OP_reconcile for every slice of every worker, while no transaction runs; logs the
     /// reconciled values.
     fn reconcile(&self, db: &dyn Store) {
-        let mut touched: rustc_hash::FxHashSet<Key> = rustc_hash::FxHashSet::default();
+        // Every worker's summaries of a key are merged first and applied once: an ADD
+        // saturates only at the end, as one that clamped per worker would lose additions
+        // whose total fits.
+        let mut all: FxHashMap<Key, Delta> = FxHashMap::default();
         for s in self.slots.iter() {
             let slices = std::mem::take(&mut s.data.lock().slices);
-            for ((t, k), d) in slices {
-                // `fits` was checked when the record was split and nothing else wrote it
-                // since, so this cannot fail; keep the old value if it does anyway.
-                if db.reconcile(t, &k, &mut |cur| d.apply(&k, cur, true).ok()) {
-                    touched.insert((t, k));
+            for (key, d) in slices {
+                match all.entry(key) {
+                    std::collections::hash_map::Entry::Occupied(mut e) => e.get_mut().merge(d),
+                    std::collections::hash_map::Entry::Vacant(e) => {
+                        e.insert(d);
+                    }
                 }
+            }
+        }
+        let mut touched: rustc_hash::FxHashSet<Key> = rustc_hash::FxHashSet::default();
+        for ((t, k), d) in all {
+            // `fits` was checked when the record was split and nothing else wrote it since,
+            // so this cannot fail; keep the old value if it does anyway.
+            if db.reconcile(t, &k, &mut |cur| d.apply(&k, cur, true).ok()) {
+                touched.insert((t, k));
             }
         }
         if db.logging() && !touched.is_empty() {
@@ -268,7 +287,11 @@ impl Doppel {
                 }
                 if !desired.is_empty() {
                     let Some(inner) = db.upgrade() else { return };
-                    if self.change(&*inner, Some(&desired)) {
+                    // A record whose value cannot take its operation is not split: with no
+                    // other, a change would drain the running transactions and block new
+                    // ones for a split phase of nothing, at every tick.
+                    let want = splittable(&*inner, &desired);
+                    if !want.is_empty() && self.change(&*inner, Some(&want)) {
                         split_since = Instant::now();
                     }
                 }
@@ -283,7 +306,14 @@ impl Doppel {
                     || waiting
                     || (first != 0
                         && self.now_ns().saturating_sub(first) >= o.split_phase.as_nanos() as u64);
-                if due || desired != current {
+                // The split set is out of date when the wanted records that can be split
+                // differ from it (not every wanted one: one that cannot be split would end
+                // every split phase at once).
+                let stale = desired != current && {
+                    let Some(inner) = db.upgrade() else { return };
+                    splittable(&*inner, &desired) != current
+                };
+                if due || stale {
                     let Some(inner) = db.upgrade() else { return };
                     if self.change(&*inner, None) {
                         joined_since = Instant::now();

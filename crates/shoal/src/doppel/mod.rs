@@ -95,8 +95,8 @@ use parking_lot::{Condvar, Mutex};
 use rustc_hash::FxHashMap;
 
 pub(crate) use coordinator::{DoppelHandle, Fold, Store};
-pub(crate) use ops::Delta;
 pub use ops::SplitOp;
+pub(crate) use ops::{clamp_i64, Delta};
 pub use stash::StashQueue;
 pub use value::{decode_topk, encode_topk, OrderedTuple, TUPLE_HEADER};
 pub(crate) use value::{decode_topk_at, decode_tuple_at};

@@ -36,13 +36,16 @@ pub enum SplitOp {
 
 impl SplitOp {
     /// Whether `value` (the global record, `None` when absent) can hold this operation's
-    /// type, so reconciliation cannot fail.
-    pub(crate) fn fits(self, value: Option<&[u8]>) -> bool {
+    /// type, so reconciliation cannot fail; for TOPKINSERT, also whether a set of K tuples
+    /// each as long as its longest stays within `max` bytes (`Options::max_value_len`), so
+    /// that split operations that each pass [`Delta::bounded_by`] cannot outgrow it.
+    pub(crate) fn fits(self, value: Option<&[u8]>, max: usize) -> bool {
         let Some(v) = value else { return true };
         match self {
             SplitOp::Add | SplitOp::Max | SplitOp::Min => v.len() == 8,
             SplitOp::Oput => v.len() >= TUPLE_HEADER,
-            SplitOp::TopK(_) => super::value::decode_topk(v).is_some(),
+            SplitOp::TopK(k) => super::value::decode_topk(v)
+                .is_some_and(|set| set.iter().all(|t| topk_bytes(k, t.value.len()) <= max)),
         }
     }
 }
@@ -50,7 +53,10 @@ impl SplitOp {
 /// One operation on a record, or the summary of several on a per-worker slice.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Delta {
-    Add(i64),
+    /// An `i128`: a summary adds its operations exactly, and saturates only once, when it is
+    /// applied (an `i64` summary that saturated on the way could lose an addition whose
+    /// final sum fits: `+MAX, +MAX, -MAX`). One operation always fits an `i64`.
+    Add(i128),
     Max(i64),
     Min(i64),
     Oput(OrderedTuple),
@@ -64,7 +70,41 @@ const TAG_MIN: u8 = 3;
 const TAG_OPUT: u8 = 4;
 const TAG_TOPK: u8 = 5;
 
+/// `n` clamped to the `i64` bounds.
+pub(crate) fn clamp_i64(n: i128) -> i64 {
+    i64::try_from(n).unwrap_or(if n < 0 { i64::MIN } else { i64::MAX })
+}
+
+/// Bytes of a top-K set of `k` tuples of `len` value bytes each.
+fn topk_bytes(k: u32, len: usize) -> usize {
+    (k as usize)
+        .saturating_mul(len.saturating_add(16))
+        .saturating_add(4)
+}
+
 impl Delta {
+    /// Whether this operation can run on a split record of a database whose values hold at
+    /// most `max` bytes, whatever the other workers' operations: the reconciled value
+    /// cannot outgrow `max` (an ordered tuple no longer than `max`; a top-K set with room
+    /// for K tuples as long as this one). In a joined phase the resulting value is checked
+    /// instead, which a split phase cannot see; an operation that fails here runs there.
+    pub(crate) fn bounded_by(&self, max: usize) -> bool {
+        match self {
+            Delta::Add(_) | Delta::Max(_) | Delta::Min(_) => true,
+            Delta::Oput(t) => TUPLE_HEADER.saturating_add(t.value.len()) <= max,
+            Delta::TopK(k, ts) => ts.iter().all(|t| topk_bytes(*k, t.value.len()) <= max),
+        }
+    }
+
+    /// Bytes of [`encode`](Self::encode)'s output.
+    pub(crate) fn encoded_len(&self) -> usize {
+        1 + match self {
+            Delta::Add(_) | Delta::Max(_) | Delta::Min(_) => 8,
+            Delta::Oput(t) => TUPLE_HEADER + t.value.len(),
+            Delta::TopK(_, ts) => 4 + 4 + ts.iter().map(|t| 16 + t.value.len()).sum::<usize>(),
+        }
+    }
+
     pub(crate) fn op(&self) -> SplitOp {
         match self {
             Delta::Add(_) => SplitOp::Add,
@@ -75,8 +115,8 @@ impl Delta {
         }
     }
 
-    /// OP_delta: folds `next` (the same operation) into this summary. ADD saturates; see
-    /// [`apply`](Self::apply).
+    /// OP_delta: folds `next` (the same operation) into this summary. ADD sums exactly (an
+    /// `i128` holds the sum of 2^64 operations of an `i64` each); see [`apply`](Self::apply).
     pub(crate) fn merge(&mut self, next: Delta) {
         match (self, next) {
             (Delta::Add(a), Delta::Add(b)) => *a = a.saturating_add(b),
@@ -113,12 +153,11 @@ impl Delta {
         };
         Ok(match self {
             Delta::Add(n) => {
-                let c = int(cur)?.unwrap_or(0);
+                let exact = i128::from(int(cur)?.unwrap_or(0)).saturating_add(*n);
                 let v = if saturate {
-                    c.saturating_add(*n)
+                    clamp_i64(exact)
                 } else {
-                    c.checked_add(*n)
-                        .ok_or_else(|| Error::Overflow { key: show_key(key) })?
+                    i64::try_from(exact).map_err(|_| Error::Overflow { key: show_key(key) })?
                 };
                 v.to_le_bytes().to_vec()
             }
@@ -152,11 +191,16 @@ impl Delta {
     pub(crate) fn encode(&self) -> Vec<u8> {
         let mut v = Vec::new();
         match self {
-            Delta::Add(n) | Delta::Max(n) | Delta::Min(n) => {
-                v.push(match self {
-                    Delta::Add(_) => TAG_ADD,
-                    Delta::Max(_) => TAG_MAX,
-                    _ => TAG_MIN,
+            // Only single operations are logged, and one ADD is an `i64`.
+            Delta::Add(n) => {
+                v.push(TAG_ADD);
+                v.extend_from_slice(&clamp_i64(*n).to_le_bytes());
+            }
+            Delta::Max(n) | Delta::Min(n) => {
+                v.push(if matches!(self, Delta::Max(_)) {
+                    TAG_MAX
+                } else {
+                    TAG_MIN
                 });
                 v.extend_from_slice(&n.to_le_bytes());
             }
@@ -178,7 +222,7 @@ impl Delta {
         let (&tag, rest) = b.split_first()?;
         let int = || rest.try_into().ok().map(i64::from_le_bytes);
         Some(match tag {
-            TAG_ADD => Delta::Add(int()?),
+            TAG_ADD => Delta::Add(int()?.into()),
             TAG_MAX => Delta::Max(int()?),
             TAG_MIN => Delta::Min(int()?),
             TAG_OPUT => Delta::Oput(OrderedTuple::decode(rest)?),

@@ -19,8 +19,9 @@ impl Transaction<'_> {
     /// missing key counts as 0). Under [`ConcurrencyControl::Doppel`](crate::ConcurrencyControl::Doppel)
     /// it runs on a per-worker slice when `key` is split for ADD; under every other mode (and
     /// in joined phases) it is [`add_and_get`](Self::add_and_get) without the result. Overflow fails with
-    /// [`Error::Overflow`](crate::Error::Overflow), except on a split record, where the reconciled sum saturates at
-    /// the `i64` bounds.
+    /// [`Error::Overflow`](crate::Error::Overflow), except on a split record: there the split phase's
+    /// additions are summed exactly, and the record's value plus that sum is clamped to the
+    /// `i64` bounds once, when the phase ends (recovery replays them the same way).
     ///
     /// ```
     /// # fn main() -> shoal::Result<()> {
@@ -33,7 +34,7 @@ impl Transaction<'_> {
     /// # }
     /// ```
     pub fn add(&mut self, table: &Table, key: impl AsRef<[u8]>, n: i64) -> Result<()> {
-        self.blind(table, key.as_ref(), Delta::Add(n))
+        self.blind(table, key.as_ref(), Delta::Add(n.into()))
     }
 
     /// MAX(k, n) without a result: stores the larger of the integer at `key` and `n` (a

@@ -112,6 +112,18 @@ impl Protocol for DoppelTxn {
                     if self.e.sampled {
                         self.note(tid, key, OpClass::Split(op));
                     }
+                    if !delta.bounded_by(cx.inner().opts.max_value_len) {
+                        return Err(self.stash(
+                            cx,
+                            format!(
+                                "{op:?} on split key {} could outgrow max_value_len",
+                                show_key(key)
+                            ),
+                        ));
+                    }
+                    // The log record holds the operation, as the OCC write set's charge
+                    // holds a value.
+                    cx.charge(key, delta.encoded_len())?;
                     self.sw.push((tid, key.into(), delta));
                     return Ok(());
                 }

@@ -40,7 +40,8 @@ pub(crate) type DirLock = Box<dyn Any + Send + Sync>;
 
 /// The file system as the engine uses it.
 pub(crate) trait Vfs: Send + Sync {
-    /// Creates `dir` and its parents if missing.
+    /// Creates `dir` and its parents if missing, durably: each new directory's parent is
+    /// synced once it names it.
     fn create_dir_all(&self, dir: &Path) -> io::Result<()>;
     /// Locks `dir` against every other opener (other handles and processes) until the guard
     /// is dropped; fails with [`io::ErrorKind::WouldBlock`] when it is locked already.
@@ -110,7 +111,23 @@ impl VFile for StdFile {
 
 impl Vfs for StdFs {
     fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
-        fs::create_dir_all(dir)
+        // The directories this creates, outermost first: each one's entry lives in its
+        // parent, which is synced once it holds it, so that a power loss cannot take a new
+        // database's directory, and the commits acknowledged in it, with it.
+        let mut new: Vec<&Path> = dir
+            .ancestors()
+            .take_while(|p| !p.as_os_str().is_empty() && !p.exists())
+            .collect();
+        new.reverse();
+        fs::create_dir_all(dir)?;
+        for d in new {
+            let parent = match d.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p,
+                _ => Path::new("."),
+            };
+            self.sync_dir(parent)?;
+        }
+        Ok(())
     }
 
     fn lock_dir(&self, dir: &Path) -> io::Result<DirLock> {

@@ -1191,3 +1191,83 @@ fn a_checkpoint_inside_a_serial_transaction_of_the_same_thread_is_refused() {
         assert!(h.join().expect("join").expect("checkpoint").is_some());
     });
 }
+
+#[test]
+fn asynchronous_commits_get_a_flush_of_their_own_before_a_clean_close() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // A long flush delay: the commits are still in the buffer when the handle is dropped.
+    let opts = || {
+        Options::default()
+            .with_log(LogMode::Async)
+            .with_async_flush_delay(std::time::Duration::from_secs(10))
+    };
+    {
+        let db = Database::open(dir.path(), opts()).expect("open");
+        let t = db.create_table("t").expect("create table");
+        for i in 0..10 {
+            db.run(|tx| tx.put(&t, key(i), val(i))).expect("commit");
+        }
+    }
+    let (start, seg) = segments(dir.path()).pop().expect("a segment");
+    let orig = std::fs::read(&seg).expect("read segment");
+    let fr = frames(&orig);
+    assert_eq!(fr.len(), 12, "create-table, 10 commits, close");
+    let (off, size) = fr[1];
+    match record_at(&orig, start, off, size) {
+        LogRecord::Commit { writes, .. } => assert_eq!(writes[0].key, b"k0"),
+        other => panic!("not the first commit: {other:?}"),
+    }
+    // One bit of the first commit: the close's flush follows it, so the damage is reported
+    // (before, the commits shared the close's flush and all ten were cut as a torn tail).
+    let mut bytes = orig.clone();
+    bytes[off + 12] ^= 1 << 2;
+    std::fs::write(&seg, &bytes).expect("write damaged segment");
+    match Database::open(dir.path(), opts()) {
+        Err(Error::Corrupt { .. }) => {}
+        Err(e) => panic!("unexpected error {e}"),
+        Ok(db) => panic!(
+            "a damaged commit of a cleanly closed log was cut as a torn tail: {} of 10 rows \
+             left, {:?}",
+            dump(&db, "t").len(),
+            db.recovery_stats()
+        ),
+    }
+}
+
+#[test]
+fn a_second_torn_tail_at_the_same_lsn_keeps_the_first_ones_bytes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    commit_n(dir.path(), Options::default(), 3);
+    // A crash: no clean close, and a torn flush (bytes 0xAA) after the last commit.
+    let (start, seg) = segments(dir.path()).pop().expect("segment");
+    let mut bytes = std::fs::read(&seg).expect("read");
+    let (off, _) = *frames(&bytes).last().expect("frames");
+    bytes.truncate(off);
+    let end = start + off as u64;
+    bytes.extend_from_slice(&[0xAA; 100]);
+    std::fs::write(&seg, &bytes).expect("write");
+    let db = Database::open(dir.path(), Options::default()).expect("open 1");
+    let first = db
+        .recovery_stats()
+        .unwrap()
+        .torn_file
+        .clone()
+        .expect("torn file");
+    drop(db);
+    // The next run's first flush, at the same LSN in the segment starting there, is torn by
+    // a second crash (bytes 0xBB).
+    let (s2, seg2) = segments(dir.path()).pop().expect("segment");
+    assert_eq!(s2, end);
+    std::fs::write(&seg2, [0xBB; 100]).expect("write");
+    let db = Database::open(dir.path(), Options::default()).expect("open 2");
+    let second = db
+        .recovery_stats()
+        .unwrap()
+        .torn_file
+        .clone()
+        .expect("torn file");
+    assert_ne!(second, first, "the second one has a name of its own");
+    assert_eq!(std::fs::read(&first).expect("first"), vec![0xAA; 100]);
+    assert_eq!(std::fs::read(&second).expect("second"), vec![0xBB; 100]);
+    assert_eq!(files_named(dir.path(), "torn-", ".bin").len(), 2);
+}

@@ -517,6 +517,10 @@ impl Drop for LogBuffer {
         let released = self.released();
         let unclosed = released > self.opened_at || !self.closed_at_start;
         if self.check().is_ok() && released > 0 && unclosed {
+            // The records before it get a flush of their own first: asynchronous commits
+            // not flushed yet would otherwise share the close's flush, the last one, and
+            // damage to them would be cut as a torn tail.
+            let _ = self.park_until_durable(released);
             if let Ok((_, end)) = self.insert(&LogRecord::Close.encode()) {
                 let _ = self.park_until_durable(end);
             }

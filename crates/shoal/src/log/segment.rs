@@ -166,9 +166,9 @@ pub(crate) fn replay(
                 // A torn tail: no later flush follows. Keep its bytes aside (up to the end of
                 // the last 4 KiB block that is not all zeros: the rest is zeros written ahead
                 // of the log), then cut it.
-                let keep = dir.join(format!("torn-{lsn:020}.bin"));
-                let _ = vfs.remove(&keep);
-                let mut f = vfs.create_new(&keep).map_err(on("create", &keep))?;
+                // A name of its own: a torn tail kept by an earlier crash at the same LSN
+                // (the next run's first flush, torn too) is bytes nobody has read either.
+                let (keep, mut f) = create_unique(vfs, dir, lsn)?;
                 let kept = &bytes[off..nonzero_end(&bytes, off)];
                 f.write_all(kept).map_err(on("write", &keep))?;
                 f.sync().map_err(on("fsync", &keep))?;
@@ -199,6 +199,16 @@ pub(crate) fn replay(
                     detail: format!("segment ends at LSN {end} but the next one starts at {n}"),
                 });
             }
+        }
+    }
+    if upto.is_none() {
+        // What recovery replayed becomes the base of the next run, which acknowledges
+        // commits in segments after it: make it durable first. A flush whose bytes were
+        // written but whose fsync failed (or never ran) and that ends where its file ends
+        // is not cut above, and a power loss could otherwise take it from under them.
+        if let Some((_, p)) = segs.last() {
+            let mut f = vfs.open_write(p).map_err(on("open", p))?;
+            f.sync().map_err(on("fsync", p))?;
         }
     }
     if upto.is_some_and(|u| end.max(from) != u) {
@@ -250,4 +260,21 @@ fn truncate(vfs: &dyn Vfs, p: &Path, len: u64) -> Result<()> {
     let mut f = vfs.open_write(p).map_err(on("open", p))?;
     f.set_len(len).map_err(on("truncate", p))?;
     f.sync().map_err(on("fsync", p))
+}
+
+/// Creates `torn-LSN.bin` in `dir`, or `torn-LSN-N.bin` with the first free `N` when an
+/// earlier crash left one at the same LSN.
+fn create_unique(vfs: &dyn Vfs, dir: &Path, lsn: u64) -> Result<(PathBuf, Box<dyn VFile>)> {
+    let mut n = 0u32;
+    loop {
+        let keep = match n {
+            0 => dir.join(format!("torn-{lsn:020}.bin")),
+            n => dir.join(format!("torn-{lsn:020}-{n}.bin")),
+        };
+        match vfs.create_new(&keep) {
+            Ok(f) => return Ok((keep, f)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && n < 1000 => n += 1,
+            Err(e) => return Err(on("create", &keep)(e)),
+        }
+    }
 }

@@ -686,8 +686,13 @@ fn a_database_of_the_first_format_is_stamped_with_this_one_once_it_opens() {
 #[test]
 fn deleting_a_lock_file_does_not_let_a_second_open_succeed() {
     let root = tempfile::tempdir().expect("tempdir");
-    let (d, l) = (root.path().join("db"), root.path().join("log"));
+    let l = root.path().join("log");
     for log_dir in [None, Some(l.clone())] {
+        // A database of its own each time: one whose log is in its directory refuses a
+        // separate log directory.
+        let d = root
+            .path()
+            .join(if log_dir.is_some() { "db2" } else { "db" });
         let opts = || Options::default().with_log_dir(log_dir.clone());
         let db = Database::open(&d, opts()).expect("open");
         for dir in [&d, &l] {
@@ -1270,4 +1275,45 @@ fn a_second_torn_tail_at_the_same_lsn_keeps_the_first_ones_bytes() {
     assert_eq!(std::fs::read(&first).expect("first"), vec![0xAA; 100]);
     assert_eq!(std::fs::read(&second).expect("second"), vec![0xBB; 100]);
     assert_eq!(files_named(dir.path(), "torn-", ".bin").len(), 2);
+}
+
+#[test]
+fn a_database_is_refused_when_opened_without_the_log_directory_it_keeps_its_log_in() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let logs = tempfile::tempdir().expect("tempdir");
+    let with = |l: &Path| Options::default().with_log_dir(Some(l.to_path_buf()));
+    {
+        let db = Database::open(dir.path(), with(logs.path())).expect("open");
+        let t = db.create_table("t").expect("table");
+        db.run(|tx| tx.put(&t, "k", "v")).expect("commit");
+    }
+    // Before: opened, empty, and began a second log in the database directory.
+    match Database::open(dir.path(), Options::default()) {
+        Err(Error::InvalidOptions(m)) => assert!(m.contains("log_dir"), "{m}"),
+        Err(e) => panic!("unexpected error {e}"),
+        Ok(db) => panic!("opened without its log: tables {:?}", db.tables()),
+    }
+    // Another, empty, log directory is refused too.
+    let other = tempfile::tempdir().expect("tempdir");
+    assert!(matches!(
+        Database::open(dir.path(), with(other.path())),
+        Err(Error::InvalidOptions(_))
+    ));
+    assert!(
+        segments(dir.path()).is_empty(),
+        "no log began in the database directory"
+    );
+    // With its own log directory it opens, with everything.
+    let db = Database::open(dir.path(), with(logs.path())).expect("reopen");
+    assert_eq!(dump(&db, "t").len(), 1);
+    drop(db);
+    // The other way: a log kept in the database directory, then a separate one named.
+    let dir2 = tempfile::tempdir().expect("tempdir");
+    commit_n(dir2.path(), Options::default(), 3);
+    assert!(matches!(
+        Database::open(dir2.path(), with(other.path())),
+        Err(Error::InvalidOptions(_))
+    ));
+    let db = Database::open(dir2.path(), Options::default()).expect("reopen");
+    assert_eq!(dump(&db, "t").len(), 3);
 }

@@ -3,7 +3,11 @@
 //! A database directory holds `SHOAL-ID`, a random identity written when it is first opened.
 //! When the log lives in another directory ([`Options::log_dir`](crate::Options::log_dir)),
 //! that directory holds a copy, and opening refuses a log directory whose identity differs:
-//! two databases can never replay (and then interleave) one log.
+//! two databases can never replay (and then interleave) one log. The database directory
+//! then also holds `LOG-ELSEWHERE`, naming the log directory: an open without
+//! [`Options::log_dir`](crate::Options::log_dir) is refused rather than finding no log and
+//! opening an empty database, and so is an open that names a separate log directory while
+//! the log is in the database directory.
 //!
 //! The file also carries the on-disk format ([`FORMAT`]), so that a build never reads a log
 //! it would misread.
@@ -17,6 +21,10 @@ use crate::log::segment::sync_dir;
 use crate::vfs::{on, Vfs};
 
 const FILE: &str = "SHOAL-ID";
+/// In a database directory whose log lives elsewhere: names that directory. Without it,
+/// an open that forgot [`Options::log_dir`](crate::Options::log_dir) found no log in the
+/// database directory and opened an empty database, which then began a second log there.
+const ELSEWHERE: &str = "LOG-ELSEWHERE";
 const HEAD: &str = "shoal database ";
 const FORMAT_HEAD: &str = "format ";
 
@@ -39,25 +47,38 @@ struct Stamp {
     format: u32,
 }
 
-/// What [`claim`] found to write: the identity, and the directories whose `SHOAL-ID` is
-/// missing or of an older format.
+/// What [`claim`] found to write: the identity, the directories whose `SHOAL-ID` is missing
+/// or of an older format, and the separate log directory to name in the database
+/// directory's [`ELSEWHERE`] when it is not named there yet.
 #[must_use = "the stamps are written only by `stamp`"]
 pub(super) struct Claim {
     id: String,
-    dirs: Vec<PathBuf>,
+    dir: PathBuf,
+    stale: Vec<PathBuf>,
+    elsewhere: Option<PathBuf>,
 }
 
 impl Claim {
     /// Writes the identity, stamped with this build's [`FORMAT`], where it is missing or
-    /// older. Called once the database has been recovered, so an open that fails (a newer
-    /// format, damage) changes nothing on disk.
+    /// older, and the marker. Called once the database has been recovered, so an open that
+    /// fails (a newer format, damage) changes nothing on disk.
     pub(super) fn stamp(self, vfs: &dyn Vfs) -> Result<()> {
-        self.dirs.iter().try_for_each(|d| write(vfs, d, &self.id))
+        // The log directory's identity goes first (`stale` lists it last), then the marker:
+        // a marker only ever names a log directory that carries the identity.
+        let text = format!("{HEAD}{}\n{FORMAT_HEAD}{FORMAT}\n", self.id);
+        for d in self.stale.iter().rev() {
+            write(vfs, d, FILE, &text)?;
+        }
+        match &self.elsewhere {
+            Some(l) => write(vfs, &self.dir, ELSEWHERE, &format!("{}\n", l.display())),
+            None => Ok(()),
+        }
     }
 }
 
 /// Checks that `dir`'s identity, if any, and `log_dir`'s, if separate, are the same and in a
-/// format this build reads; returns what to write once the database has opened.
+/// format this build reads, and that the log is where it was; returns what to write once
+/// the database has opened.
 pub(super) fn claim(vfs: &dyn Vfs, dir: &Path, log_dir: Option<&Path>) -> Result<Claim> {
     let own = read(vfs, dir)?;
     let log = match log_dir {
@@ -76,6 +97,41 @@ pub(super) fn claim(vfs: &dyn Vfs, dir: &Path, log_dir: Option<&Path>) -> Result
             )));
         }
     }
+    let marker = dir.join(ELSEWHERE);
+    let elsewhere = match vfs.read(&marker) {
+        Ok(b) => Some(String::from_utf8_lossy(&b).trim_end().to_string()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(crate::vfs::io_error("read", &marker, e)),
+    };
+    match (&elsewhere, log_dir) {
+        (Some(l), None) => {
+            return Err(Error::InvalidOptions(format!(
+                "the database in {} keeps its log in another directory ({l}, says {}): open \
+                 it with `Options::log_dir` naming that directory (to keep the log in the \
+                 database directory again, move its log-*.seg files there and remove {0})",
+                dir.display(),
+                marker.display()
+            )))
+        }
+        (Some(l), Some(log_dir)) if log.is_none() => {
+            return Err(Error::InvalidOptions(format!(
+                "the log directory {} has no {FILE}, but the database in {} keeps its log in \
+                 {l}: give that directory (or a copy of it)",
+                log_dir.display(),
+                dir.display()
+            )))
+        }
+        (None, Some(log_dir)) if !crate::log::segment::list(vfs, dir)?.is_empty() => {
+            return Err(Error::InvalidOptions(format!(
+                "the database directory {} holds the database's log (log-*.seg files), and \
+                 `Options::log_dir` names {}: open it without a separate log directory, or \
+                 move the log there first",
+                dir.display(),
+                log_dir.display()
+            )))
+        }
+        _ => {}
+    }
     let id = own.as_ref().map_or_else(fresh, |s| s.id.clone());
     let stale = |found: &Option<Stamp>| found.as_ref().is_none_or(|s| s.format != FORMAT);
     let mut dirs = Vec::new();
@@ -85,7 +141,14 @@ pub(super) fn claim(vfs: &dyn Vfs, dir: &Path, log_dir: Option<&Path>) -> Result
     if let Some(l) = log_dir.filter(|_| stale(&log)) {
         dirs.push(l.to_path_buf());
     }
-    Ok(Claim { id, dirs })
+    Ok(Claim {
+        id,
+        dir: dir.to_path_buf(),
+        stale: dirs,
+        elsewhere: log_dir
+            .filter(|_| elsewhere.is_none())
+            .map(Path::to_path_buf),
+    })
 }
 
 fn read(vfs: &dyn Vfs, dir: &Path) -> Result<Option<Stamp>> {
@@ -141,15 +204,14 @@ fn parse(text: &str) -> Option<Stamp> {
     })
 }
 
-/// Writes the identity and this build's format durably: a temporary file, fsynced,
-/// renamed, directory fsynced.
-fn write(vfs: &dyn Vfs, dir: &Path, id: &str) -> Result<()> {
-    let tmp = dir.join(format!("{FILE}.tmp"));
-    let fin = dir.join(FILE);
+/// Writes `text` to `dir/name` durably: a temporary file, fsynced, renamed, directory
+/// fsynced.
+fn write(vfs: &dyn Vfs, dir: &Path, name: &str, text: &str) -> Result<()> {
+    let tmp = dir.join(format!("{name}.tmp"));
+    let fin = dir.join(name);
     let _ = vfs.remove(&tmp);
     let mut f = vfs.create_new(&tmp).map_err(on("create", &tmp))?;
-    f.write_all(format!("{HEAD}{id}\n{FORMAT_HEAD}{FORMAT}\n").as_bytes())
-        .map_err(on("write", &tmp))?;
+    f.write_all(text.as_bytes()).map_err(on("write", &tmp))?;
     f.sync().map_err(on("fsync", &tmp))?;
     drop(f);
     vfs.rename(&tmp, &fin).map_err(on("rename", &tmp))?;

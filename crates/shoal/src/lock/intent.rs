@@ -226,6 +226,10 @@ impl LightweightIntentLocks {
     /// Each part of `mode` in turn (SIX is S and IX), waiting or not.
     #[inline]
     fn lock_parts(&self, mine: &mut PrivateIntents, obj: u32, mode: LockMode, wait: bool) -> Taken {
+        // Ids that share an object are one lock, for the transaction as for the others: it
+        // records what it holds by object, so its own locks on another id of the same
+        // object count as its own (counted as another's, they blocked it for ever).
+        let obj = (obj as usize & (self.objects.len() - 1)) as u32;
         for &p in parts(mode) {
             self.lock_part(mine, obj, p, wait)?;
         }
@@ -279,6 +283,28 @@ mod tests {
 
     fn lil() -> LightweightIntentLocks {
         LightweightIntentLocks::new(8, Duration::from_millis(200), Duration::from_millis(400))
+    }
+
+    #[test]
+    fn ids_that_share_an_object_are_one_lock_for_their_holder_too() {
+        // One object for every id: the database (0) and table 4096 of a table of 4096
+        // objects, say. Before, the holder's IX on id 0 counted as another's against its X
+        // on id 1, and the request waited out its timeout.
+        let t =
+            LightweightIntentLocks::new(1, Duration::from_millis(200), Duration::from_millis(400));
+        let (mut a, mut b) = (PrivateIntents::default(), PrivateIntents::default());
+        t.lock(&mut a, 0, LockMode::IX).expect("IX on 0");
+        t.lock(&mut a, 1, LockMode::X)
+            .expect("X on 1, the same object");
+        t.lock(&mut a, 0, LockMode::IS).expect("covered");
+        assert_eq!(
+            t.try_lock(&mut b, 0, LockMode::IS),
+            Err(LockFailure::WouldBlock)
+        );
+        t.release_all(&mut a);
+        assert_eq!(t.granted(0), [0; 4]);
+        t.lock(&mut b, 0, LockMode::IS).expect("IS once released");
+        t.release_all(&mut b);
     }
 
     #[test]

@@ -122,7 +122,12 @@ pub enum Elr {
     /// Every lock is released once the commit record is in the log buffer. Exclusive locks
     /// leave the commit's LSN as a tag on their queue; a read-only transaction that took a
     /// tagged lock waits until that LSN is durable before its commit returns (safe SX-ELR,
-    /// Kimura §5.3), so it never reports data that a crash could take back.
+    /// Kimura §5.3), so it never reports data that a crash could take back. A transaction
+    /// that writes waits for nothing more than its own commit does: with
+    /// [`LogMode::Sync`](crate::LogMode::Sync) (or a pipelined commit's ticket) that is
+    /// durable after every commit it read from, as the log is written in order; an
+    /// [`LogMode::Async`](crate::LogMode::Async) commit returns before it is durable, and so
+    /// may what it read (a crash takes both back, or neither: it is later in the log).
     Sx,
     /// Like `Sx` without the read-only wait: the anomaly of Kimura §5.2 (Table 6) is
     /// possible. For experiments only.

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use smallvec::SmallVec;
 
-use super::dread::{pipeline_len, txn_fingerprint, Digest, DreadState};
+use super::dread::{fingerprint_of, pipeline_len, Digest, DreadState};
 use super::{DeadlockPolicy, LockFailure, TxnId, Victim, WaitStyle};
 
 /// Longest nap of a waiter under a prevention policy or Dreadlocks between two decisions: a
@@ -37,6 +37,9 @@ pub struct Blocker {
     pub age: TxnId,
     /// Its thread's flush-pipeline length when it made the request (victim rules).
     pub pipe: u32,
+    /// Its Dreadlocks fingerprint when it made the request (see
+    /// [`dread::fingerprint_of`](super::dread::fingerprint_of)).
+    pub fp: u32,
 }
 
 /// What a waiter does after a decision.
@@ -153,7 +156,7 @@ impl Deadlocks {
             d: self,
             txn,
             age,
-            me: Digest::of_fingerprint(txn_fingerprint(txn)),
+            me: Digest::of_fingerprint(fingerprint_of(txn)),
             published: false,
         }
     }
@@ -212,7 +215,7 @@ impl Wait<'_> {
                 let mut wake = SmallVec::new();
                 let mine = pipeline_len();
                 for b in blockers {
-                    let theirs = d.dread.digest_of(b.txn, txn_fingerprint(b.txn));
+                    let theirs = d.dread.digest_of(b.txn, b.fp);
                     if theirs.contains(&self.me) {
                         if me_victim(d.victim, self.age, mine, b.age, u64::from(b.pipe)) {
                             return Decision::Fail(LockFailure::Deadlock {
@@ -280,6 +283,7 @@ mod tests {
             txn,
             age: txn,
             pipe: 0,
+            fp: super::super::dread::txn_fingerprint(txn),
         }
     }
 

@@ -8,8 +8,11 @@
 //! finished transaction) makes that thread's next transaction find its own fingerprint in a
 //! blocker's digest: a false deadlock that no Bloom collision explains. Staleness also spreads
 //! through every digest built from a stale one, which marking at release cannot reach. With a
-//! fingerprint per transaction an old dependency can never name a new transaction, so the only
-//! false deadlocks left are Bloom collisions. A digest is published only while its
+//! fingerprint per transaction an old dependency can never name a new transaction. The same
+//! holds within a transaction that releases a lock before its end (2PL's instant locks):
+//! digests built while others waited for that lock still name it, so it takes a fresh
+//! fingerprint for its later requests ([`new_fingerprint`]), and each request records the
+//! fingerprint it was made with. The only false deadlocks left are Bloom collisions. A digest is published only while its
 //! transaction waits; the digest of a transaction that does not wait is its fingerprint.
 //! Bloom filters give no false negatives, so every cycle is found; a collision can report a
 //! false deadlock, which is counted like any other victim. Kimura et al. used 512-bit
@@ -65,6 +68,31 @@ thread_local! {
     static PIPELINE: Arc<AtomicU64> = Arc::new(AtomicU64::new(0));
     /// The transaction whose lock requests this thread makes, and its age (see `set_age`).
     static AGE: std::cell::Cell<(TxnId, TxnId)> = const { std::cell::Cell::new((0, 0)) };
+    /// The transaction of this thread's requests and how many locks it has released before
+    /// its end (see `new_fingerprint`).
+    static EPOCH: std::cell::Cell<(TxnId, u64)> = const { std::cell::Cell::new((0, 0)) };
+}
+
+/// Gives `txn`, whose requests this thread makes, a fresh fingerprint for its next
+/// requests: called when it releases a lock before its end (2PL's instant locks). Digests
+/// built while others waited for that lock name the old fingerprint, and nothing marks
+/// stale those built from them in turn; had it kept its fingerprint, a later request of its
+/// own would find it there and report a deadlock that does not exist.
+pub fn new_fingerprint(txn: TxnId) {
+    EPOCH.with(|e| {
+        let (t, n) = e.get();
+        e.set((txn, if t == txn { n + 1 } else { 1 }));
+    });
+}
+
+/// The fingerprint of `txn`'s requests made on this thread now: [`txn_fingerprint`] of its
+/// id, mixed with the number of its early releases (see [`new_fingerprint`]).
+pub fn fingerprint_of(txn: TxnId) -> u32 {
+    let n = EPOCH.with(|e| match e.get() {
+        (t, n) if t == txn => n,
+        _ => 0,
+    });
+    txn_fingerprint(txn ^ n.rotate_right(16))
 }
 
 /// Declares that this thread's next lock requests for `txn` carry the age (wait-die and

@@ -67,7 +67,7 @@ use parking_lot::{Mutex, MutexGuard};
 use rustc_hash::{FxHashMap, FxHashSet, FxHasher};
 
 use super::deadlock::{Blocker, Deadlocks, Decision};
-use super::dread::{age_of, pipeline_len};
+use super::dread::{age_of, fingerprint_of, pipeline_len};
 use super::{
     DeadlockPolicy, Granted, LockFailure, LockId, LockMode, LockTable, TableId, TaggedGrant, TxnId,
     Victim,
@@ -106,6 +106,8 @@ struct Request {
     /// The requesting thread's flush-pipeline length when it asked (victim policies).
     /// Recorded only under the policies that read it; else 0.
     pipe: u32,
+    /// Its Dreadlocks fingerprint when it asked (recorded like `age`).
+    fp: u32,
     /// Mode held (`N` while a new request waits).
     granted: LockMode,
     /// Mode asked for; equals `granted` unless waiting.
@@ -688,15 +690,20 @@ impl SimpleLockTable {
     /// A granted request of `txn` for `mode`, with the age and pipeline length the policy
     /// needs.
     fn request(&self, txn: TxnId, mode: LockMode) -> Request {
-        let (age, pipe) = if self.ages {
-            (age_of(txn), pipeline_len().min(u64::from(u32::MAX)) as u32)
+        let (age, pipe, fp) = if self.ages {
+            (
+                age_of(txn),
+                pipeline_len().min(u64::from(u32::MAX)) as u32,
+                fingerprint_of(txn),
+            )
         } else {
-            (txn, 0)
+            (txn, 0, 0)
         };
         Request {
             txn,
             age,
             pipe,
+            fp,
             granted: mode,
             requested: mode,
             waiting: false,
@@ -1064,6 +1071,7 @@ impl SimpleLockTable {
                             txn: o.txn,
                             age: o.age,
                             pipe: o.pipe,
+                            fp: o.fp,
                         }),
                 );
             }

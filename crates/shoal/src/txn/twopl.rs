@@ -335,6 +335,9 @@ impl TwoPl {
     fn unlock_instant(&mut self, cx: &mut Ctx<'_>, id: &LockId, taken: bool) {
         if taken {
             cx.inner().locks.unlock(cx.id, id);
+            // Dependencies on this lock end here, not at the transaction's end: Dreadlocks
+            // digests that named it must not name its next requests.
+            crate::lock::dread::new_fingerprint(cx.id);
         }
     }
 

@@ -566,13 +566,18 @@ impl LatchFreeLockTable {
         let entry = unsafe { &*e };
         entry.txn.store(txn, SeqCst);
         entry.state.store(state, SeqCst);
-        let (age, pipe) = if self.deadlocks.needs_blocker_ages() {
-            (age_of(txn), pipeline_len().min(u64::from(u32::MAX)) as u32)
+        let (age, pipe, fp) = if self.deadlocks.needs_blocker_ages() {
+            (
+                age_of(txn),
+                pipeline_len().min(u64::from(u32::MAX)) as u32,
+                fingerprint_of(txn),
+            )
         } else {
-            (0, 0)
+            (0, 0, 0)
         };
         entry.age.store(age, SeqCst);
         entry.pipe.store(pipe, SeqCst);
+        entry.fp.store(fp, SeqCst);
         entry.next.store(ptr::null_mut(), SeqCst);
         entry
             .head

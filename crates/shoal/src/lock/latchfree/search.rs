@@ -55,6 +55,7 @@ impl LatchFreeLockTable {
                 txn: o.txn.load(SeqCst),
                 age: o.age.load(SeqCst),
                 pipe: o.pipe.load(SeqCst),
+                fp: o.fp.load(SeqCst),
             })
         });
     }

@@ -72,6 +72,8 @@ pub(super) struct Entry {
     pub(super) age: AtomicU64,
     /// The requesting thread's flush-pipeline length when it asked (victim rules).
     pub(super) pipe: AtomicU32,
+    /// Its Dreadlocks fingerprint when it asked (recorded like `age`).
+    pub(super) fp: AtomicU32,
     pub(super) next: AtomicPtr<Entry>,
     pub(super) head: AtomicPtr<LockHead>,
     /// The requesting thread, unparked by wakers. Written only while the entry is unlinked and
@@ -86,6 +88,7 @@ impl Entry {
             state: AtomicU32::new(OBSOLETE),
             age: AtomicU64::new(0),
             pipe: AtomicU32::new(0),
+            fp: AtomicU32::new(0),
             next: AtomicPtr::new(ptr::null_mut()),
             head: AtomicPtr::new(ptr::null_mut()),
             thread: UnsafeCell::new(None),

@@ -175,6 +175,9 @@ pub struct RunStats {
     pub latency_ns: Histogram<u64>,
     /// Commits per thread in the whole run.
     pub per_thread: Vec<u64>,
+    /// Commits per transaction type in the whole run, warm-up included ([`Adapter::kinds`]
+    /// order).
+    pub total_by_type: Vec<u64>,
     /// Expected rollbacks inside the measurement window (not retried, not failures).
     pub rolled_back: u64,
     /// The same measurements per transaction type, in [`Adapter::kinds`] order.
@@ -312,6 +315,8 @@ impl Control {
 
 struct WorkerOut {
     total: u64,
+    /// Commits per type in the whole run.
+    total_by_type: Vec<u64>,
     per_type: Vec<TypeStats>,
 }
 
@@ -378,6 +383,7 @@ fn worker<L: WorkerLoop>(
 ) -> WorkerOut {
     let mut out = WorkerOut {
         total: 0,
+        total_by_type: vec![0; kinds.len()],
         per_type: kinds.iter().map(|n| TypeStats::new(n)).collect(),
     };
     let mut rng = SmallRng::seed_from_u64(seed ^ 0x5eed);
@@ -427,6 +433,7 @@ fn worker<L: WorkerLoop>(
         let elapsed = start.elapsed();
         l.committed();
         out.total += 1;
+        out.total_by_type[kind] += 1;
         ctl.commits[thread].0.fetch_add(1, Ordering::Relaxed);
         if ctl.phase() == MEASURE {
             let t = &mut out.per_type[kind];
@@ -516,6 +523,7 @@ pub fn measure<A: Adapter>(
                             ctl.fail(msg);
                             WorkerOut {
                                 total: 0,
+                                total_by_type: vec![0; kinds.len()],
                                 per_type: kinds.iter().map(|n| TypeStats::new(n)).collect(),
                             }
                         }
@@ -605,6 +613,7 @@ pub fn measure<A: Adapter>(
         measured,
         latency_ns: new_hist(),
         per_thread: Vec::with_capacity(outs.len()),
+        total_by_type: vec![0; kinds.len()],
         rolled_back: 0,
         per_type: kinds.iter().map(|n| TypeStats::new(n)).collect(),
         rss_start_kb,
@@ -625,6 +634,9 @@ pub fn measure<A: Adapter>(
         stats.worker_cpu = stats.worker_cpu.zip(window).map(|(a, b)| a + b);
         stats.total_committed += o.total;
         stats.per_thread.push(o.total);
+        for (mine, theirs) in stats.total_by_type.iter_mut().zip(&o.total_by_type) {
+            *mine += theirs;
+        }
         for (mine, theirs) in stats.per_type.iter_mut().zip(&o.per_type) {
             mine.merge(theirs);
         }

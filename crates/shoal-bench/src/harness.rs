@@ -215,6 +215,7 @@ fn run_loaded<W: Workload>(
         let run = u16::try_from(n).context("too many runs on one database")?;
         let stats = measure(params, db, &w, cfg, run)?;
         ledger.commits.push(stats.per_thread.clone());
+        ledger.by_kind.push(stats.total_by_type.clone());
         let spin = driver::bar(params.progress, 0, "{spinner} {msg}");
         spin.set_message(format!(
             "checking consistency after {}",

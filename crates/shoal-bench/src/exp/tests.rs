@@ -42,6 +42,7 @@ fn record(args: &str, tps: u64, intervals: Vec<Sample>) -> Record {
     let b = parse_bench(&super::registry::args(args)).unwrap();
     let cfg = harness::plan(&b.sweep()).unwrap().runs.remove(0).0;
     let stats = crate::driver::RunStats {
+        total_by_type: Vec::new(),
         committed: tps,
         total_committed: tps,
         aborts: [1, 0, 0],

@@ -105,6 +105,7 @@ mod tests {
         }
         let done = Done {
             ledger: crate::workloads::Ledger {
+                by_kind: Vec::new(),
                 commits: vec![vec![0, 0, 0, 0, 0, 2]],
             },
             tally: [2, 0],

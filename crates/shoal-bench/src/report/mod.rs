@@ -614,6 +614,7 @@ mod tests {
                 let res = RunResult {
                     cfg,
                     stats: RunStats {
+                        total_by_type: Vec::new(),
                         committed: 4,
                         total_committed: 5,
                         aborts: [1, 2, 0],

@@ -402,6 +402,7 @@ mod tests {
             .unwrap_or_else(|e| panic!("{cc}: {e:#}"));
         assert!(msg.contains("600 commits"), "{msg}");
         let wrong = Ledger {
+            by_kind: Vec::new(),
             commits: vec![vec![599]],
         };
         assert!(w.check(&db, &wrong).is_err());
@@ -479,6 +480,7 @@ mod tests {
             assert!(w.execute_atomic(&st));
         }
         let ledger = Ledger {
+            by_kind: Vec::new(),
             commits: vec![vec![50]],
         };
         let msg = w.check(&db, &ledger).unwrap();

@@ -181,11 +181,13 @@ mod tests {
             }
         }
         let ledger = Ledger {
+            by_kind: Vec::new(),
             commits: vec![vec![3, 1]],
         };
         let s = ins.check(&db, &ledger).unwrap();
         assert!(s.contains("4000 records"), "{s}");
         let bad = Ledger {
+            by_kind: Vec::new(),
             commits: vec![vec![2, 1]],
         };
         assert!(ins.check(&db, &bad).is_err());

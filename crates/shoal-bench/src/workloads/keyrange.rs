@@ -186,10 +186,12 @@ mod tests {
             db.run(|tx| k.execute(&w, tx)).unwrap();
         }
         let ledger = Ledger {
+            by_kind: Vec::new(),
             commits: vec![vec![100]],
         };
         k.check(&db, &ledger).unwrap();
         let wrong = Ledger {
+            by_kind: Vec::new(),
             commits: vec![vec![99]],
         };
         assert!(k.check(&db, &wrong).is_err());

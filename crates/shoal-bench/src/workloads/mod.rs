@@ -170,6 +170,9 @@ pub fn fail_if_bad(what: &str, mut bad: Vec<String>) -> anyhow::Result<()> {
 pub struct Ledger {
     /// Commits per run on this database, per thread of that run.
     pub commits: Vec<Vec<u64>>,
+    /// Commits per run on this database, per transaction type ([`Workload::kinds`] order),
+    /// warm-up included; empty where not counted (a check then skips what needs it).
+    pub by_kind: Vec<Vec<u64>>,
 }
 
 impl Ledger {
@@ -356,6 +359,7 @@ pub(crate) mod testutil {
         });
         Ledger {
             commits: vec![per_thread],
+            by_kind: Vec::new(),
         }
     }
 }

@@ -559,6 +559,7 @@ mod tests {
         assert!(id_bounds(CHECK_CHUNK).is_empty());
         assert_eq!(id_bounds(2 * CHECK_CHUNK + 1).len(), 2);
         let l = Ledger {
+            by_kind: Vec::new(),
             commits: vec![vec![0, 25_000], vec![3]],
         };
         let b = history_bounds(&l);

@@ -848,8 +848,8 @@ impl Workload for Tpcc {
         matches!(w.cur, Txn::NewOrder { rollback: true, .. })
     }
 
-    fn check(&self, db: &Database, _ledger: &Ledger) -> anyhow::Result<String> {
-        self.check_db(db)
+    fn check(&self, db: &Database, ledger: &Ledger) -> anyhow::Result<String> {
+        self.check_against(db, Some(ledger))
     }
 }
 

@@ -171,6 +171,20 @@ fn tiny_run(cc: shoal::ConcurrencyControl) {
         }
     }
     t.check_db(&db).unwrap();
+    // Against what committed: the counts hold, and a NewOrder lost as a whole (its order,
+    // new-order row and lines together, which conditions 1-4 cannot see) is reported.
+    let ledger = |new_orders_lost: u64| Ledger {
+        commits: vec![vec![per.iter().map(|p| p.0).sum()]],
+        by_kind: vec![per
+            .iter()
+            .enumerate()
+            .map(|(k, p)| if k == NEW_ORDER { p.0 + new_orders_lost } else { p.0 })
+            .collect()],
+    };
+    let s = t.check_against(&db, Some(&ledger(0))).unwrap();
+    assert!(s.contains("as committed"), "{s}");
+    let e = t.check_against(&db, Some(&ledger(1))).unwrap_err();
+    assert!(format!("{e:#}").contains("NewOrders committed"), "{e:#}");
     // Deliveries happened: fewer new orders than loaded plus created.
     let no = db.run(|tx| tx.scan(&t.new_order, ..)).unwrap().len() as u64;
     assert!(no < 2 * 10 * 9 + per[NEW_ORDER].0, "{no}");

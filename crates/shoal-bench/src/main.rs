@@ -430,6 +430,56 @@ impl BenchArgs {
     }
 }
 
+/// Refuses `--zipf` and `--self-similar` for workloads that draw no keys from them: their
+/// runs would be recorded with a distribution they never used.
+fn check_dist_options(args: &BenchArgs) -> anyhow::Result<()> {
+    let reads = matches!(
+        args.workload,
+        WorkloadKind::Tpcb | WorkloadKind::Ycsb | WorkloadKind::Tellers
+    );
+    if args.key_dists().next().is_some() && !reads {
+        anyhow::bail!(
+            "--zipf and --self-similar apply to tpcb, ycsb and tellers, not {} (it draws its \
+             keys its own way)",
+            args.workload.name()
+        );
+    }
+    Ok(())
+}
+
+/// Refuses what the portable path (`--engine`) would silently leave out: it runs each
+/// workload in its standard form, one key distribution, and writes JSON only.
+fn check_portable_options(args: &BenchArgs) -> anyhow::Result<()> {
+    let mut ignored = Vec::new();
+    if args.read_ratio.iter().any(|&r| r != 0.0) {
+        ignored.push("--read-ratio");
+    }
+    if args.reverse_fraction.is_some() {
+        ignored.push("--reverse-fraction");
+    }
+    let dists = args.key_dists().count();
+    if (dists > 0 && args.workload != WorkloadKind::Ycsb) || dists > 1 {
+        ignored.push("--zipf/--self-similar (ycsb takes one)");
+    }
+    if args.cc != [Cc::TwoPl, Cc::None] {
+        ignored.push("--cc (the engine list names the concurrency control)");
+    }
+    if args.interval.report_interval.is_some() || args.interval.csv.is_some() {
+        ignored.push("--report-interval/--csv");
+    }
+    if args.hdr_out.is_some() {
+        ignored.push("--hdr-out");
+    }
+    if !ignored.is_empty() {
+        anyhow::bail!(
+            "with --engine, {} would be ignored: leave them out, or run shoal alone without \
+             --engine",
+            ignored.join(", ")
+        );
+    }
+    Ok(())
+}
+
 fn bench(args: &BenchArgs) -> anyhow::Result<()> {
     if !args.peers.engine.is_empty() {
         if args.doppel.hot_move_every.is_some() || args.doppel.split_top.is_some() {
@@ -437,6 +487,8 @@ fn bench(args: &BenchArgs) -> anyhow::Result<()> {
                 "--hot-move-every and --split-top are not supported with --engine (shoal bench only)"
             );
         }
+        check_dist_options(args)?;
+        check_portable_options(args)?;
         if args.engine.any() {
             println!("note: --engine runs every engine with its default options; the shoal engine options given are ignored");
         }
@@ -479,6 +531,7 @@ fn run_bench_into(args: &BenchArgs, records: &mut Vec<Record>) -> anyhow::Result
         anyhow::bail!("--home applies to tpcc only, not {}", args.workload.name());
     }
     check_lock_options(args)?;
+    check_dist_options(args)?;
     args.doppel.check(args.workload)?;
     let sweep = args.sweep();
     let params = args.params();
@@ -726,6 +779,56 @@ mod tests {
             assert!(parse(bad).is_err(), "accepted {bad:?}");
         }
         assert_eq!(parse(&["--cc", "serial"]).unwrap().cc, [Cc::None]);
+    }
+
+    #[test]
+    fn key_distributions_are_refused_where_no_key_is_drawn_from_them() {
+        let check = |a: &[&str]| check_dist_options(&parse(a).unwrap());
+        for ok in [["tpcb", "--zipf", "1"], ["ycsb", "--self-similar", "0.2"]] {
+            check(&ok).unwrap();
+        }
+        for w in ["txbench", "tpcc", "insert", "incrz"] {
+            let e = check(&[w, "--zipf", "1"]).unwrap_err();
+            assert!(e.to_string().contains(w), "{e}");
+        }
+        check(&["txbench"]).unwrap();
+    }
+
+    #[test]
+    fn the_portable_path_refuses_options_it_would_ignore() {
+        let check = |a: &[&str]| check_portable_options(&parse(a).unwrap());
+        check(&["ycsb", "--engine", "shoal-2pl", "--zipf", "0.99"]).unwrap();
+        check(&["tpcb", "--engine", "shoal-2pl,shoal-occ"]).unwrap();
+        for (bad, named) in [
+            (
+                &["tpcb", "--engine", "shoal-2pl", "--read-ratio", "1"][..],
+                "--read-ratio",
+            ),
+            (
+                &["tpcb", "--engine", "shoal-2pl", "--reverse-fraction", "1"],
+                "--reverse",
+            ),
+            (
+                &["tpcb", "--engine", "shoal-2pl", "--zipf", "1.2"],
+                "--zipf",
+            ),
+            (
+                &["ycsb", "--engine", "shoal-2pl", "--zipf", "0,0.99"],
+                "--zipf",
+            ),
+            (&["tpcb", "--engine", "shoal-2pl", "--cc", "occ"], "--cc"),
+            (
+                &["incr1", "--engine", "shoal-2pl", "--csv", "x.csv"],
+                "--csv",
+            ),
+            (
+                &["incr1", "--engine", "shoal-2pl", "--hdr-out", "h"],
+                "--hdr-out",
+            ),
+        ] {
+            let e = check(bad).unwrap_err();
+            assert!(e.to_string().contains(named), "{bad:?}: {e}");
+        }
     }
 
     #[test]

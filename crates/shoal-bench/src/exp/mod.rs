@@ -228,7 +228,7 @@ pub fn run(a: &ExpArgs) -> anyhow::Result<()> {
     // Parse every sweep before running any.
     let mut benches = Vec::new();
     for (gi, g) in groups.iter().enumerate() {
-        for r in &g.runs {
+        for (ri, r) in g.runs.iter().enumerate() {
             let mut b = parse_bench(&bench_args(r, a.admission.as_deref())?)?;
             if let Some(d) = a.duration {
                 b.duration = d;
@@ -242,7 +242,7 @@ pub fn run(a: &ExpArgs) -> anyhow::Result<()> {
             b.no_progress |= a.no_progress;
             b.json = None;
             b.interval.csv = None;
-            benches.push((gi, r.label.clone(), b));
+            benches.push((gi, ri, r.label.clone(), b));
         }
     }
     if a.quick && std::env::var_os("SHOAL_TPCC_TINY").is_none() {
@@ -252,16 +252,13 @@ pub fn run(a: &ExpArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
     let mut done: Vec<Done> = Vec::new();
     let mut failure = None;
-    for (gi, label, b) in &benches {
+    for (gi, ri, label, b) in &benches {
+        // This sweep's own command (several sweeps of a group may share a label).
         println!(
             "== {} {}: shoal bench {}",
             e.id,
             groups[*gi].title,
-            groups[*gi]
-                .runs
-                .iter()
-                .find(|r| &r.label == label)
-                .and_then(|r| bench_args(r, a.admission.as_deref()).ok())
+            bench_args(&groups[*gi].runs[*ri], a.admission.as_deref())
                 .map(|args| args.join(" "))
                 .unwrap_or_default()
         );

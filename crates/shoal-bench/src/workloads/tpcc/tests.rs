@@ -178,7 +178,13 @@ fn tiny_run(cc: shoal::ConcurrencyControl) {
         by_kind: vec![per
             .iter()
             .enumerate()
-            .map(|(k, p)| if k == NEW_ORDER { p.0 + new_orders_lost } else { p.0 })
+            .map(|(k, p)| {
+                if k == NEW_ORDER {
+                    p.0 + new_orders_lost
+                } else {
+                    p.0
+                }
+            })
             .collect()],
     };
     let s = t.check_against(&db, Some(&ledger(0))).unwrap();

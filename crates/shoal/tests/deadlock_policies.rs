@@ -450,3 +450,80 @@ fn an_insert_instant_lock_leaves_no_false_deadlock_behind_under_dreadlocks() {
         assert!(!matches!(r10, Err(Error::Deadlock { .. })), "{r10:?}");
     }
 }
+
+/// Dreadlocks' flush-pipeline victim rules pick exactly one victim of a cycle while the
+/// pipelines change: T1's thread has 5 commits in flight at its first request, T2's 4; T1
+/// waits for T2, its pipeline drains to 3, then T2 closes the cycle. Before, each side
+/// compared its length now with the other's length when that one asked: under kill-long
+/// neither was the longer and both waited out the lock timeout (E5's kill-long series ran at
+/// 4 tps under a pipelined log); under kill-short both rolled back.
+#[test]
+fn pipeline_victim_rules_pick_one_victim_while_pipelines_drain() {
+    use shoal::lock::dread::pipeline_handle;
+    use std::sync::atomic::Ordering::SeqCst;
+    for kind in [LockTableKind::Sharded, LockTableKind::LatchFree] {
+        for victim in [Victim::KillLong, Victim::KillShort] {
+            let t = AnyTable::new(
+                kind,
+                DeadlockPolicy::Dreadlocks(WaitStyle::SleepBackoff),
+                victim,
+            );
+            let (x, y) = (key(1), key(2));
+            let start = Instant::now();
+            let barrier = Barrier::new(2);
+            let (r1, r2) = thread::scope(|s| {
+                let (t, x, y, both) = (&t, &x, &y, &barrier);
+                let (tx1, rx1) = std::sync::mpsc::channel();
+                let h1 = s.spawn(move || {
+                    let pipe = pipeline_handle();
+                    pipe.store(5, SeqCst);
+                    t.lock(1, x, LockMode::X, LONG).expect("T1: x");
+                    tx1.send(Arc::clone(&pipe)).expect("send");
+                    both.wait();
+                    let r = t.lock(1, y, LockMode::X, Duration::from_secs(10));
+                    pipe.store(0, SeqCst);
+                    t.unlock(1, x);
+                    t.unlock(1, y);
+                    r
+                });
+                let pipe1 = rx1.recv().expect("T1's pipeline");
+                let h2 = s.spawn(move || {
+                    let pipe = pipeline_handle();
+                    pipe.store(4, SeqCst);
+                    t.lock(2, y, LockMode::X, LONG).expect("T2: y");
+                    both.wait();
+                    // T1 waits for y; its thread's pipeline drains meanwhile.
+                    thread::sleep(Duration::from_millis(50));
+                    pipe1.store(3, SeqCst);
+                    thread::sleep(Duration::from_millis(20));
+                    let r = t.lock(2, x, LockMode::X, Duration::from_secs(10));
+                    pipe.store(0, SeqCst);
+                    t.unlock(2, x);
+                    t.unlock(2, y);
+                    r
+                });
+                (h1.join().expect("T1"), h2.join().expect("T2"))
+            });
+            let died = [&r1, &r2]
+                .iter()
+                .filter(|r| matches!(r, Err(LockFailure::Deadlock { .. })))
+                .count();
+            assert_eq!(died, 1, "{kind:?} {victim:?}: {r1:?} {r2:?}");
+            assert!(
+                r1.is_ok() || r2.is_ok(),
+                "{kind:?} {victim:?}: {r1:?} {r2:?}"
+            );
+            // T1's 5 at its first request is the longer one.
+            assert_eq!(
+                r1.is_err(),
+                victim == Victim::KillLong,
+                "{kind:?} {victim:?}"
+            );
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "{:?}",
+                start.elapsed()
+            );
+        }
+    }
+}

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use smallvec::SmallVec;
 
-use super::dread::{fingerprint_of, pipeline_len, Digest, DreadState};
+use super::dread::{fingerprint_of, pipeline_of, Digest, DreadState};
 use super::{DeadlockPolicy, LockFailure, TxnId, Victim, WaitStyle};
 
 /// Longest nap of a waiter under a prevention policy or Dreadlocks between two decisions: a
@@ -213,7 +213,7 @@ impl Wait<'_> {
             DeadlockPolicy::Dreadlocks(style) => {
                 let mut digest = self.me;
                 let mut wake = SmallVec::new();
-                let mine = pipeline_len();
+                let mine = pipeline_of(self.txn).min(u64::from(u32::MAX));
                 for b in blockers {
                     let theirs = d.dread.digest_of(b.txn, b.fp);
                     if theirs.contains(&self.me) {

@@ -71,6 +71,26 @@ thread_local! {
     /// The transaction of this thread's requests and how many locks it has released before
     /// its end (see `new_fingerprint`).
     static EPOCH: std::cell::Cell<(TxnId, u64)> = const { std::cell::Cell::new((0, 0)) };
+    /// The transaction of this thread's requests and its thread's flush-pipeline length at
+    /// its first request (see `pipeline_of`).
+    static PIPE: std::cell::Cell<(TxnId, u64)> = const { std::cell::Cell::new((0, 0)) };
+}
+
+/// The flush-pipeline length the victim rules use for `txn`, whose requests this thread
+/// makes: the thread's length at the transaction's first request, the same for all its
+/// requests and its own decisions. Read afresh at each, a waiter compared its length now
+/// with the length the other side's request recorded earlier, and the other side did the
+/// same the other way: the lengths shrink as flushes complete, so under kill-long each side
+/// could find the other the longer, and neither rolled back until a lock timeout.
+pub fn pipeline_of(txn: TxnId) -> u64 {
+    PIPE.with(|p| match p.get() {
+        (t, n) if t == txn => n,
+        _ => {
+            let n = pipeline_len();
+            p.set((txn, n));
+            n
+        }
+    })
 }
 
 /// Gives `txn`, whose requests this thread makes, a fresh fingerprint for its next

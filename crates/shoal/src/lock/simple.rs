@@ -67,7 +67,7 @@ use parking_lot::{Mutex, MutexGuard};
 use rustc_hash::{FxHashMap, FxHashSet, FxHasher};
 
 use super::deadlock::{Blocker, Deadlocks, Decision};
-use super::dread::{age_of, fingerprint_of, pipeline_len};
+use super::dread::{age_of, fingerprint_of, pipeline_of};
 use super::{
     DeadlockPolicy, Granted, LockFailure, LockId, LockMode, LockTable, TableId, TaggedGrant, TxnId,
     Victim,
@@ -693,7 +693,7 @@ impl SimpleLockTable {
         let (age, pipe, fp) = if self.ages {
             (
                 age_of(txn),
-                pipeline_len().min(u64::from(u32::MAX)) as u32,
+                pipeline_of(txn).min(u64::from(u32::MAX)) as u32,
                 fingerprint_of(txn),
             )
         } else {

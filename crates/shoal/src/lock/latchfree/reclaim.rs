@@ -569,7 +569,7 @@ impl LatchFreeLockTable {
         let (age, pipe, fp) = if self.deadlocks.needs_blocker_ages() {
             (
                 age_of(txn),
-                pipeline_len().min(u64::from(u32::MAX)) as u32,
+                pipeline_of(txn).min(u64::from(u32::MAX)) as u32,
                 fingerprint_of(txn),
             )
         } else {

@@ -20,7 +20,7 @@ use rustc_hash::FxBuildHasher;
 use smallvec::SmallVec;
 
 use super::deadlock::{Blocker, Deadlocks, Decision};
-use super::dread::{age_of, fingerprint_of, pipeline_len};
+use super::dread::{age_of, fingerprint_of, pipeline_of};
 use super::sync::{
     current, fence, park_timeout, yield_now, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize,
     Ordering::{Relaxed, SeqCst},

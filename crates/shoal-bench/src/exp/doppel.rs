@@ -57,19 +57,48 @@ pub(super) fn e11(quick: bool) -> Vec<Group> {
         .sweep("", &a)]
 }
 
+/// Throughput and Table 7.3's mean and p99 latencies of reads and writes.
+const LATENCIES: [Metric; 5] = [
+    Metric::Throughput,
+    Metric::ReadMean,
+    Metric::ReadP99,
+    Metric::WriteMean,
+    Metric::WriteP99,
+];
+
 pub(super) fn e12(quick: bool) -> Vec<Group> {
     let w = doppel_window(quick);
     let wf = values(quick, "0.1,0.5,1", "0,0.1,0.2,0.3,0.5,0.7,0.9,1");
-    let a = format!("like --cc 2pl,occ,doppel --alpha 1.4 --write-fraction {wf} --threads 2 {w}");
-    vec![Group::new("LIKE, alpha 1.4, 2 threads", "write_fraction").sweep("", &a)]
+    // Fig. 7-6 sweeps the writes at alpha 1.4; Table 7.3 also has a uniform workload.
+    [
+        ("LIKE, alpha 1.4, 2 threads", "1.4"),
+        ("LIKE, uniform, 2 threads", "0"),
+    ]
+    .into_iter()
+    .map(|(title, alpha)| {
+        let a = format!(
+            "like --cc 2pl,occ,doppel --alpha {alpha} --write-fraction {wf} --threads 2 {w}"
+        );
+        Group::new(title, "write_fraction")
+            .metrics(&LATENCIES)
+            .sweep("", &a)
+    })
+    .collect()
 }
 
 pub(super) fn e13(quick: bool) -> Vec<Group> {
     let w = doppel_window(quick);
     let ms = values(quick, "1,5,20", "1,2,5,10,20,50,100");
-    let a =
-        format!("like --cc doppel --alpha 1.4 --write-fraction 1 --phase-ms {ms} --threads 2 {w}");
-    vec![Group::new("LIKE, alpha 1.4, 100% writes, 2 threads", "phase_ms").sweep("", &a)]
+    // Fig. 7-7's three workloads: uniform with half reads, alpha 1.4 with half reads, and
+    // alpha 1.4 with a tenth reads.
+    let like = |alpha: &str, wf: &str| {
+        format!("like --cc doppel --alpha {alpha} --write-fraction {wf} --phase-ms {ms} --threads 2 {w}")
+    };
+    vec![Group::new("LIKE, Doppel, 2 threads", "phase_ms")
+        .metrics(&[Metric::Throughput, Metric::ReadMean, Metric::ReadP99])
+        .sweep("uniform, 50% reads", &like("0", "0.5"))
+        .sweep("alpha 1.4, 50% reads", &like("1.4", "0.5"))
+        .sweep("alpha 1.4, 10% reads", &like("1.4", "0.9"))]
 }
 
 pub(super) fn e14(quick: bool) -> Vec<Group> {

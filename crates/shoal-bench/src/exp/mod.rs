@@ -100,6 +100,14 @@ pub enum Metric {
     Completed,
     /// Commits per second of each interval, over time (x must be [`TIME`]).
     IntervalTps,
+    /// Mean latency of the transactions of type `read` (LIKE), in microseconds.
+    ReadMean,
+    /// 99th-percentile latency of the transactions of type `read`, in microseconds.
+    ReadP99,
+    /// Mean latency of the transactions of type `write` (LIKE), in microseconds.
+    WriteMean,
+    /// 99th-percentile latency of the transactions of type `write`, in microseconds.
+    WriteP99,
 }
 
 impl Metric {
@@ -111,6 +119,10 @@ impl Metric {
             Metric::Aborts => "aborts in the window",
             Metric::Completed => "transactions completed",
             Metric::IntervalTps => "throughput per interval (commits/s)",
+            Metric::ReadMean => "read latency, mean (µs)",
+            Metric::ReadP99 => "read latency, p99 (µs)",
+            Metric::WriteMean => "write latency, mean (µs)",
+            Metric::WriteP99 => "write latency, p99 (µs)",
         }
     }
 

@@ -83,15 +83,32 @@ pub(super) fn threads(r: &Record) -> f64 {
     }
 }
 
-/// The value of `m` for a whole run.
-pub(super) fn metric(m: Metric, r: &Record) -> f64 {
-    match m {
+/// The value of `m` for a whole run; `None` for the latency of a transaction type that
+/// committed nothing in the window (a run of writes only has no read latency).
+pub(super) fn metric(m: Metric, r: &Record) -> Option<f64> {
+    let of_type = |name: &str, p99: bool| {
+        r.per_type
+            .iter()
+            .find(|t| t.name == name && t.committed > 0)
+            .map(|t| {
+                if p99 {
+                    t.latency_us.p99
+                } else {
+                    t.latency_us.mean
+                }
+            })
+    };
+    Some(match m {
         Metric::Throughput => r.throughput,
         Metric::ThroughputPerThread => r.throughput / threads(r).max(1.0),
         Metric::Aborts => r.window.aborts.aborted as f64,
         Metric::Completed => r.window.committed as f64,
         Metric::IntervalTps => r.throughput,
-    }
+        Metric::ReadMean => return of_type("read", false),
+        Metric::ReadP99 => return of_type("read", true),
+        Metric::WriteMean => return of_type("write", false),
+        Metric::WriteP99 => return of_type("write", true),
+    })
 }
 
 pub(super) fn write_json(
@@ -133,10 +150,25 @@ pub(super) fn render_csv(e: &Experiment, groups: &[Group], done: &[Done]) -> Str
         out.push(',');
         out.push_str(&csv_field(k));
     }
+    // Runs of several transaction types: each type's mean and p99 latency too.
+    let mut types: Vec<&str> = Vec::new();
+    for t in done
+        .iter()
+        .filter(|d| d.rec.per_type.len() > 1)
+        .flat_map(|d| &d.rec.per_type)
+    {
+        if !types.contains(&t.name.as_str()) {
+            types.push(&t.name);
+        }
+    }
     out.push_str(
         ",throughput,throughput_per_thread,committed,aborted,aborted_deadlock,\
-         aborted_lock_timeout,aborted_conflict,rolled_back,p50_us,p99_us,measured_s,consistent\n",
+         aborted_lock_timeout,aborted_conflict,rolled_back,p50_us,p99_us,measured_s,consistent",
     );
+    for t in &types {
+        let _ = write!(out, ",{0}_mean_us,{0}_p99_us", csv_field(t));
+    }
+    out.push('\n');
     for (d, s) in done.iter().zip(&labels) {
         let r = &d.rec;
         let o = opts(r);
@@ -161,6 +193,18 @@ pub(super) fn render_csv(e: &Experiment, groups: &[Group], done: &[Done]) -> Str
             r.window.measured_s,
             r.consistent
         );
+        if !types.is_empty() {
+            out.pop();
+            for t in &types {
+                match r.per_type.iter().find(|p| p.name == *t && p.committed > 0) {
+                    Some(p) => {
+                        let _ = write!(out, ",{},{}", p.latency_us.mean, p.latency_us.p99);
+                    }
+                    None => out.push_str(",,"),
+                }
+            }
+            out.push('\n');
+        }
     }
     out
 }
@@ -281,7 +325,7 @@ pub(super) fn panels(e: &Experiment, groups: &[Group], done: &[Done]) -> Vec<cra
                         Some(v) => XValue::Text(v.to_string()),
                         None => continue,
                     };
-                    vec![(x, metric(m, &d.rec))]
+                    metric(m, &d.rec).map(|y| (x, y)).into_iter().collect()
                 };
                 match series.iter_mut().find(|s| &s.name == label) {
                     Some(s) => s.points.extend(pts),

@@ -17,8 +17,8 @@ pub const REGISTRY: &[Experiment] = &[
     Experiment::new("E9", "Doppel Figs. 7-1, 7-2", "INCR1 hot-key share: Doppel vs OCC vs 2PL vs Atomic", e9),
     Experiment::new("E10", "Doppel Fig. 7-3", "INCR1 10% (and 50%) hot, the hot key moving every 5 s: Doppel vs OCC over time", e10),
     Experiment::new("E11", "Doppel Fig. 7-4, Tables 7.1, 7.2", "INCRZ over Zipf alpha: Doppel vs OCC vs 2PL vs Atomic", e11),
-    Experiment::new("E12", "Doppel Fig. 7-6, Table 7.3", "LIKE over the share of writes, alpha 1.4", e12),
-    Experiment::new("E13", "Doppel Fig. 7-7", "LIKE over the split phase length", e13),
+    Experiment::new("E12", "Doppel Fig. 7-6, Table 7.3", "LIKE over the share of writes (alpha 1.4, uniform): throughput, read and write latency", e12),
+    Experiment::new("E13", "Doppel Fig. 7-7", "LIKE over the split phase length: throughput and read latency", e13),
     Experiment::new("E14", "Doppel Table 7.4, Fig. 7-8", "RUBiS-C over alpha, and RUBiS-B", e14),
 ];
 

@@ -625,6 +625,13 @@ impl Database {
     /// the transaction and is returned at once. `f` may run more than once: keep side effects
     /// outside it.
     ///
+    /// A transaction begun inside `f` on the same thread is another transaction: under
+    /// two-phase locking, if it needs a lock the outer one holds, it waits for the outer
+    /// one, which waits for it. No deadlock detector sees a cycle through one thread, so it
+    /// ends with [`Error::LockTimeout`] after [`Options::lock_timeout`], which `run` retries
+    /// ([`Options::max_retries`] times); under `Serial` it waits for ever. Do the work in the
+    /// outer transaction instead.
+    ///
     /// ```
     /// # fn main() -> shoal::Result<()> {
     /// let db = shoal::Database::in_memory();

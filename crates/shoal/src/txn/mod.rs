@@ -745,7 +745,7 @@ impl<'db> Transaction<'db> {
     ) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
         let (lo, hi) = range.key_bounds();
         if limit == 0 {
-            self.cx.active()?;
+            self.check_scan(table, lo, hi)?;
             return Ok(Vec::new());
         }
         self.scan_impl(table, lo, hi, limit)
@@ -806,12 +806,11 @@ impl<'db> Transaction<'db> {
     ) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
         let (lo, hi) = range.key_bounds();
         let mut out = Vec::new();
+        // Validates the table before its tree is looked at.
+        self.check_scan(table, lo, hi)?;
         if limit == 0 {
-            self.cx.active()?;
             return Ok(out);
         }
-        // Validates the table before its tree is looked at.
-        self.cx.table_slot(table)?;
         let above_lo = (lo, Bound::Unbounded);
         // The part of the range still to read ends at `upper`.
         let mut upper: Bound<Vec<u8>> = hi.map(<[u8]>::to_vec);
@@ -848,6 +847,13 @@ impl<'db> Transaction<'db> {
         hi: Bound<&[u8]>,
         limit: usize,
     ) -> Result<Rows> {
+        let slot = self.check_scan(table, lo, hi)?;
+        dispatch!(&mut self.cc, p => p.scan(&mut self.cx, slot, Span { lo, hi, limit }))
+    }
+
+    /// What every scan checks, a scan of no rows too: the transaction is usable, the bounds
+    /// are keys the database takes, the table is this database's. Returns its slot.
+    fn check_scan(&mut self, table: &Table, lo: Bound<&[u8]>, hi: Bound<&[u8]>) -> Result<u16> {
         self.cx.active()?;
         let max = self.cx.inner().opts.max_key_len;
         for b in [lo, hi] {
@@ -855,8 +861,7 @@ impl<'db> Transaction<'db> {
                 at_most(k.len(), max, |len, max| Error::KeyTooLarge { len, max })?;
             }
         }
-        let slot = self.cx.table_slot(table)?;
-        dispatch!(&mut self.cc, p => p.scan(&mut self.cx, slot, Span { lo, hi, limit }))
+        self.cx.table_slot(table)
     }
 
     /// Commits: makes every write visible to later transactions and releases the locks.

@@ -730,8 +730,26 @@ impl Protocol for TwoPl {
         Ok(i64::from_le_bytes(out))
     }
 
-    fn update(&mut self, cx: &mut Ctx<'_>, slot: u16, key: &[u8], f: impl Modify) -> Result<usize> {
-        self.rmw(cx, slot, key, f).map(|v| v.len())
+    fn update(
+        &mut self,
+        cx: &mut Ctx<'_>,
+        slot: u16,
+        key: &[u8],
+        mut f: impl Modify,
+    ) -> Result<usize> {
+        self.intent(cx, slot, true)?;
+        self.lock_key(cx, slot, key, LockMode::XN)?;
+        // The caller's function runs with no page latch held: it may panic (which left the
+        // leaf latched for good, and every later access to it spinning) or run another
+        // transaction on the same tree (which spun on the latch). Under XN nobody else
+        // changes the value between this read and the write.
+        let cur = cx
+            .table(slot)
+            .inner
+            .tree
+            .get(key, |r| r.filter(|r| !r.ghost).map(|r| r.value.clone()));
+        let v = f(cur.as_deref())?;
+        self.modify(cx, slot, key, |_| Ok(&v[..])).map(<[u8]>::len)
     }
 
     fn scan(&mut self, cx: &mut Ctx<'_>, slot: u16, span: Span<'_>) -> Result<Rows> {

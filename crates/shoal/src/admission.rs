@@ -473,6 +473,22 @@ pub(crate) fn end() {
     });
 }
 
+/// The gate whose slot this thread runs in now, if any: its transaction's own database's,
+/// or, for a transaction nested in one of another database, that database's (the slot is
+/// the thread's, whatever database its transactions belong to). `None` when it runs
+/// without one (escaped, nested in an ungated transaction, or its slot given up for a
+/// wait) or only keeps one between transactions.
+pub(crate) fn running_gate() -> Option<Arc<Gate>> {
+    LOCAL
+        .try_with(|l| {
+            let l = l.borrow();
+            let running = l.slot != NO_SLOT && l.kept == 0 && !l.suspended;
+            running.then(|| l.gate.clone()).flatten()
+        })
+        .ok()
+        .flatten()
+}
+
 /// Runs `f`, a wait inside the engine (for a lock, the log, a phase change), without holding
 /// a slot: a running transaction gives its slot up for the wait and takes one back after it
 /// (ahead of threads that begin transactions); a slot kept between transactions is given up.

@@ -5,7 +5,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::{mpsc, Arc};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use shoal::{Admission, ConcurrencyControl, Database, LogMode, Options};
 
@@ -289,4 +289,152 @@ fn lock_waiters_that_keep_their_slot_never_block_the_holder() {
             assert_eq!(st.escaped, 0, "{slots} slots, {log:?}: {st:?}");
         }
     }
+}
+
+/// Waits until `f` holds; panics after 10 s (a state the test waits for was missed).
+fn until_within(f: impl Fn() -> bool) {
+    let start = Instant::now();
+    while !f() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "waited 10 s for a state"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Thread T2 holds a lock of database B (admission off) and begins a transaction of A;
+/// thread T1 holds A's only slot and, in a nested transaction of B, waits for that lock.
+/// Before, the nested wait kept A's slot (B has no gate, and its own gate was the one
+/// consulted), and T2 waited for it: a deadlock only the 1 s escape broke (T2 waited 1.0 s).
+#[test]
+fn a_nested_lock_wait_in_an_ungated_database_gives_up_the_threads_slot() {
+    let a = Database::in_memory_with(
+        Options::default()
+            .with_admission(Admission::Limit(1))
+            .with_lock_timeout(Duration::from_secs(60)),
+    );
+    let b = Database::in_memory_with(
+        Options::default()
+            .with_admission(Admission::Off)
+            .with_lock_timeout(Duration::from_secs(60)),
+    );
+    let ta = a.create_table("t").expect("ok");
+    let tb = b.create_table("t").expect("ok");
+    let (a, b, ta, tb) = (&a, &b, &ta, &tb);
+    let (locked_tx, locked_rx) = mpsc::channel();
+    let (t1_waiting_tx, t1_waiting_rx) = mpsc::channel::<()>();
+    let waited = std::thread::scope(|s| {
+        // T2: holds B's key k.
+        let t2 = s.spawn(move || {
+            let mut txb = b.begin();
+            txb.put(tb, "k", "2").expect("ok");
+            locked_tx.send(()).expect("ok");
+            t1_waiting_rx.recv().expect("ok");
+            // Now T2, with a B transaction open, begins on A.
+            let start = Instant::now();
+            let mut txa = a.begin();
+            let waited = start.elapsed();
+            txa.put(ta, "x", "2").expect("ok");
+            txa.commit().expect("ok");
+            txb.commit().expect("ok");
+            waited
+        });
+        locked_rx.recv().expect("ok");
+        // T1: A's only slot, then a nested B transaction that waits for k.
+        s.spawn(move || {
+            let mut txa = a.begin();
+            txa.put(ta, "y", "1").expect("ok");
+            let mut txb = b.begin();
+            txb.put(tb, "k", "1").expect("ok"); // waits for T2
+            txb.commit().expect("ok");
+            txa.commit().expect("ok");
+        });
+        // T1 takes A's slot, then waits in B's lock table (giving the slot up, now).
+        std::thread::sleep(Duration::from_millis(100));
+        t1_waiting_tx.send(()).expect("ok");
+        t2.join().expect("ok")
+    });
+    let st = a.admission_stats().expect("ok");
+    println!("T2 waited {waited:?} for A's slot; A stats {st:?}");
+    assert!(
+        waited < Duration::from_millis(500) && st.escaped == 0,
+        "T2 waited {waited:?} (escaped {}) for the slot T1 kept through a lock wait",
+        st.escaped
+    );
+}
+
+/// Both databases gated (two slots each): a nested B lock wait in an A slot was counted in
+/// B's lock waiters, so A's rule "one slot stays with a thread that is not waiting for a
+/// lock" did not hold; the holder T3, coming back from a log wait, found both A slots held
+/// by lock waiters and could only escape (with a 400 ms log wait: 1.4 s).
+#[test]
+fn a_nested_lock_wait_counts_on_the_gate_of_the_slot_it_waits_in() {
+    let opts = || {
+        Options::default()
+            .with_admission(Admission::Limit(2))
+            .with_lock_timeout(Duration::from_secs(60))
+    };
+    let a = Database::in_memory_with(opts());
+    let b = Database::in_memory_with(opts());
+    let dir = tempfile::tempdir().expect("ok");
+    // C: a slow log, so T3's commit there is a long wait inside the engine.
+    let c = Database::open(
+        dir.path(),
+        opts()
+            .with_admission(Admission::Off)
+            .with_log(LogMode::Sync)
+            .with_log_latency(Duration::from_secs(2)),
+    )
+    .expect("ok");
+    let ta = a.create_table("t").expect("ok");
+    let tb = b.create_table("t").expect("ok");
+    let tc = c.create_table("t").expect("ok");
+    let (a, b, c, ta, tb, tc) = (&a, &b, &c, &ta, &tb, &tc);
+    let (in_log_tx, in_log_rx) = mpsc::channel();
+    let resumed = std::thread::scope(|s| {
+        let t3 = s.spawn(move || {
+            let mut txa = a.begin();
+            txa.put(ta, "x", "3").expect("ok"); // L_A
+            let mut txb = b.begin();
+            txb.put(tb, "y", "3").expect("ok"); // L_B
+            let mut txc = c.begin();
+            txc.put(tc, "z", "3").expect("ok");
+            in_log_tx.send(()).expect("ok");
+            let start = Instant::now();
+            txc.commit().expect("ok"); // ~2 s without A's slot, then takes one back
+            let resumed = start.elapsed();
+            txb.commit().expect("ok");
+            txa.commit().expect("ok");
+            resumed
+        });
+        in_log_rx.recv().expect("ok");
+        until_within(|| a.admission_stats().expect("ok").running == 0);
+        // T1: an A slot, nested B transaction waiting (in its slot) for L_B.
+        s.spawn(move || {
+            let _txa = a.begin();
+            let mut txb = b.begin();
+            txb.put(tb, "y", "1").expect("ok");
+            txb.commit().expect("ok");
+        });
+        until_within(|| a.admission_stats().expect("ok").running == 1);
+        std::thread::sleep(Duration::from_millis(30));
+        // T2: the other A slot, waiting (in its slot) for L_A.
+        s.spawn(move || {
+            let mut txa = a.begin();
+            txa.put(ta, "x", "2").expect("ok");
+            txa.commit().expect("ok");
+        });
+        // T2 waits for L_A: in its slot before (with T1's wait counted on B's gate), now
+        // without it (T1 already waits in one of A's two slots).
+        std::thread::sleep(Duration::from_millis(100));
+        t3.join().expect("ok")
+    });
+    let st = a.admission_stats().expect("ok");
+    println!("T3's commit on C took {resumed:?}; A stats {st:?}");
+    assert!(
+        st.escaped == 0 && resumed < Duration::from_millis(2600),
+        "holder T3 took {resumed:?} to resume (A escaped {})",
+        st.escaped
+    );
 }

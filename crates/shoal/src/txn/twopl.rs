@@ -284,13 +284,18 @@ impl TwoPl {
         mode: LockMode,
     ) -> std::result::Result<LockMode, LockFailure> {
         let locks = &cx.inner().locks;
-        let Some(gate) = cx.inner().gate.as_deref().filter(|_| cx.admitted) else {
-            return locks.lock(cx.id, id, mode, timeout);
-        };
         match locks.try_lock(cx.id, id, mode) {
             Err(LockFailure::WouldBlock) => {}
             r => return r,
         }
+        // The slot to wait in or give up is the one the thread runs in, which belongs to
+        // another database's gate in a transaction nested in one of that database (or to
+        // none). Taking this database's gate instead, a nested wait kept a slot of a gate
+        // that did not count it, or counted a waiter in a slot it did not hold.
+        let Some(gate) = crate::admission::running_gate() else {
+            return locks.lock(cx.id, id, mode, timeout);
+        };
+        let gate = &*gate;
         // The holder most likely runs in another slot and is done within microseconds: a
         // short spin saves two slot hand-overs (each a wake-up of a parked thread). Its clock
         // starts only here: the common, uncontended request reads no clock.

@@ -224,6 +224,25 @@ fn inject_once(cfg: Config, n: u64, fault: Fault, seeds: &[u64], tally: &mut Tal
         .map(|&s| (format!("power loss, seed {s}"), fs.power_loss(s)))
         .collect();
     afters.push(("process crash".into(), fs.snapshot()));
+    // The process restarts (recovery runs, the log goes on in a segment of its own and is
+    // closed), then the power goes: what recovery replayed must be durable by then, though
+    // the kernel dropped what a failed fsync did not write.
+    let restarted = fs.snapshot();
+    let reopened = catch_unwind(AssertUnwindSafe(|| {
+        Database::open_on(
+            Arc::new(restarted.clone()),
+            Path::new(DIR),
+            Config::options(cfg),
+        )
+    }));
+    if let Ok(Ok(db)) = reopened {
+        drop(db);
+        let seed = seeds.first().copied().unwrap_or(1);
+        afters.push((
+            "restart, then power loss".into(),
+            restarted.power_loss(seed),
+        ));
+    }
     for (how, after) in afters {
         let reopened = catch_unwind(AssertUnwindSafe(|| {
             Database::open_on(

@@ -122,6 +122,8 @@ pub(crate) fn replay(
     let mut end = from;
     let mut torn_bytes = 0;
     let mut torn_file = None;
+    // The last segment, its bytes, where its last flush starts and where the log ends.
+    let mut tail: Option<(&PathBuf, Vec<u8>, usize, usize)> = None;
     for (i, (start, p)) in segs.iter().enumerate() {
         let last = i + 1 == segs.len();
         let next_start = segs.get(i + 1).map(|s| s.0);
@@ -142,10 +144,16 @@ pub(crate) fn replay(
             });
         }
         let mut off = 0usize;
+        // The last frame marked as the first of a flush (0: the flush began in an earlier
+        // segment, or none is marked).
+        let mut flush_at = 0usize;
         while off < bytes.len() && start + (off as u64) < limit {
             let lsn = start + off as u64;
             let detail = match decode_frame_at(&bytes[off..], lsn) {
                 Frame::Record(rec, n) => {
+                    if starts_flush(&bytes[off..]) {
+                        flush_at = off;
+                    }
                     if lsn >= from {
                         apply(lsn, rec)?;
                     }
@@ -191,6 +199,11 @@ pub(crate) fn replay(
             });
         }
         end = start + off as u64;
+        if last {
+            // (No next segment to check it against.)
+            tail = Some((p, bytes, flush_at, off));
+            continue;
+        }
         if let Some(n) = next_start.filter(|_| off == bytes.len()) {
             if n != end && !last {
                 return Err(Error::Corrupt {
@@ -201,15 +214,21 @@ pub(crate) fn replay(
             }
         }
     }
-    if upto.is_none() {
+    if let Some((p, bytes, flush_at, len)) = tail.filter(|_| upto.is_none()) {
         // What recovery replayed becomes the base of the next run, which acknowledges
         // commits in segments after it: make it durable first. A flush whose bytes were
         // written but whose fsync failed (or never ran) and that ends where its file ends
-        // is not cut above, and a power loss could otherwise take it from under them.
-        if let Some((_, p)) = segs.last() {
-            let mut f = vfs.open_write(p).map_err(on("open", p))?;
-            f.sync().map_err(on("fsync", p))?;
+        // is not cut above, and a power loss could otherwise take it from under them. After
+        // a failed fsync, Linux marks the pages it could not write clean: reads still see
+        // them, and no later fsync writes them. A failed fsync ends the log (nothing is
+        // flushed after it, a clean close's record included), so only the last flush can
+        // hold such bytes: it is written again before the fsync.
+        let mut f = vfs.open_write(p).map_err(on("open", p))?;
+        if flush_at < len {
+            f.write_at(flush_at as u64, &bytes[flush_at..len])
+                .map_err(on("write", p))?;
         }
+        f.sync().map_err(on("fsync", p))?;
     }
     if upto.is_some_and(|u| end.max(from) != u) {
         return Err(Error::Corrupt {

@@ -57,6 +57,24 @@ impl Fault {
 struct Inode {
     data: Vec<u8>,
     synced: Vec<u8>,
+    /// Bytes a failed fsync dropped, as Linux does: it marks the dirty pages clean without
+    /// writing them, so reads still see the bytes but no later fsync makes them durable
+    /// until they are written again ("fsyncgate"). Empty: none.
+    dropped: Vec<bool>,
+}
+
+impl Inode {
+    /// The bytes the disk can come to hold: the file's, but those a failed fsync dropped
+    /// as they were synced (zeros past the synced length).
+    fn reachable(&self) -> Vec<u8> {
+        let mut out = self.data.clone();
+        for (k, b) in out.iter_mut().enumerate() {
+            if self.dropped.get(k).copied().unwrap_or(false) {
+                *b = self.synced.get(k).copied().unwrap_or(0);
+            }
+        }
+        out
+    }
 }
 
 #[derive(Clone, Default)]
@@ -162,7 +180,12 @@ impl MemFs {
     /// The file system after a power loss now, torn as `tear` says; `seed` picks what of
     /// each file's unsynced writes survives (whole 512-byte sectors).
     pub(crate) fn power_loss_with(&self, seed: u64, tear: Tear) -> MemFs {
-        let mut rng = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        // splitmix64 of the seed: a plain multiple started every small seed's xorshift on
+        // an odd first draw, so seeds 0 to 6 mostly kept a one-sector change whole.
+        let mut z = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        let mut rng = (z ^ (z >> 31)) | 1;
         let mut next = move || {
             rng ^= rng << 13;
             rng ^= rng >> 7;
@@ -170,6 +193,13 @@ impl MemFs {
             rng
         };
         self.derive(true, |i| {
+            // What a failed fsync dropped never reaches the disk.
+            let kept = i.reachable();
+            let i = &Inode {
+                data: kept,
+                synced: i.synced.clone(),
+                dropped: Vec::new(),
+            };
             // The first byte written since the last fsync; nothing changed: the synced bytes.
             let n = i.data.len().max(i.synced.len());
             let Some(p) = (0..n).find(|&k| i.data.get(k) != i.synced.get(k)) else {
@@ -219,9 +249,21 @@ impl MemFs {
     }
 
     /// A copy of the current state (no faults, no locks), as if every file were durable: what
-    /// a process crash leaves.
+    /// a process crash leaves (the kernel writes the page cache out), except the bytes a
+    /// failed fsync dropped: the next process reads them, but they stay off the disk.
     pub(crate) fn snapshot(&self) -> MemFs {
-        self.derive(false, |i| i.data.clone())
+        let out = self.derive(false, |i| i.data.clone());
+        {
+            let st = self.st.lock();
+            let mut o = out.st.lock();
+            for (mine, theirs) in st.inodes.iter().zip(o.inodes.iter_mut()) {
+                if mine.dropped.iter().any(|&d| d) {
+                    theirs.synced = mine.reachable();
+                    theirs.dropped.clone_from(&mine.dropped);
+                }
+            }
+        }
+        out
     }
 
     /// A new file system whose files hold `bytes(inode)`, durably, and whose directories hold
@@ -236,6 +278,7 @@ impl MemFs {
                 Inode {
                     synced: data.clone(),
                     data,
+                    dropped: Vec::new(),
                 }
             })
             .collect();
@@ -281,6 +324,7 @@ impl MemFs {
         st.inodes[ino] = Inode {
             synced: bytes.clone(),
             data: bytes,
+            dropped: Vec::new(),
         };
     }
 }
@@ -312,6 +356,12 @@ impl VFile for MemFile {
         }
         let from = at.min(data.len());
         data[from..][..n].copy_from_slice(&buf[..n]);
+        // Written again: dirty again, and the next fsync writes them.
+        let dropped = &mut st.inodes[self.ino].dropped;
+        let to = (from + n).min(dropped.len());
+        if from < to {
+            dropped[from..to].fill(false);
+        }
         res
     }
 
@@ -335,16 +385,35 @@ impl VFile for MemFile {
 
     fn sync(&mut self) -> io::Result<()> {
         let mut st = self.st.lock();
-        st.check("fsync", &self.path)?;
+        let res = st.check("fsync", &self.path);
         let i = &mut st.inodes[self.ino];
+        if res.is_err() {
+            // Linux: what was dirty is marked clean, unwritten.
+            i.dropped.resize(i.data.len(), false);
+            for (k, d) in i.dropped.iter_mut().enumerate() {
+                *d |= i.synced.get(k) != i.data.get(k);
+            }
+            return res;
+        }
+        let old = std::mem::take(&mut i.synced);
         i.synced = i.data.clone();
+        for (k, _) in i.dropped.iter().enumerate().filter(|(_, &d)| d) {
+            // Never written after the failure: the disk keeps what it had.
+            match (old.get(k), i.synced.get_mut(k)) {
+                (Some(&o), Some(s)) => *s = o,
+                (None, Some(s)) => *s = 0,
+                _ => {}
+            }
+        }
         Ok(())
     }
 
     fn set_len(&mut self, len: u64) -> io::Result<()> {
         let mut st = self.st.lock();
         st.check("truncate", &self.path)?;
-        st.inodes[self.ino].data.resize(len as usize, 0);
+        let i = &mut st.inodes[self.ino];
+        i.data.resize(len as usize, 0);
+        i.dropped.truncate(len as usize);
         Ok(())
     }
 }

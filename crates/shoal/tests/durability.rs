@@ -323,7 +323,7 @@ fn crash_child() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(1);
-    let db = Database::open(&dir, Options::default()).expect("child open");
+    let db = Database::open(&dir, child_options(seed)).expect("child open");
     let names = ["account", "teller", "branch", "history"];
     let tables: Vec<_> = names
         .iter()
@@ -355,6 +355,18 @@ fn crash_child() {
         writeln!(o, "ack {seq} {delta}").expect("stdout");
         o.flush().expect("flush");
     }
+}
+
+/// The child's options: odd seeds use 64 KiB segments and a checkpoint every 20 ms, so
+/// kills also land in segment rollovers, checkpoints and the removal of old segments (the
+/// default 64 MiB segments are never filled by a round).
+fn child_options(seed: u64) -> Options {
+    let o = Options::default();
+    if seed % 2 == 0 {
+        return o;
+    }
+    o.with_log_segment_size(64 << 10)
+        .with_checkpoint_interval(Some(Duration::from_millis(20)))
 }
 
 fn sum(db: &Database, table: &str) -> i64 {
@@ -396,10 +408,31 @@ fn crash_once(seed: u64) {
         let wait = 150 + (seed * 37 + round * 11) % 250;
         std::thread::sleep(Duration::from_millis(wait));
         child.kill().expect("SIGKILL");
-        child.wait().expect("reap");
+        let status = child.wait().expect("reap");
+        // Killed, not exited: a child that failed on its own (say, recovering the last
+        // one's log) would leave nothing to check, and the round would pass vacuously.
+        #[cfg(unix)]
+        {
+            use std::os::unix::process::ExitStatusExt;
+            assert_eq!(
+                status.signal(),
+                Some(9),
+                "the child exited by itself: {status:?} (seed {seed}, round {round})"
+            );
+        }
+        #[cfg(not(unix))]
+        let _ = status;
         acked.extend(reader.join().expect("reader"));
     }
     let db = Database::open(dir.path(), Options::default()).expect("recovery after SIGKILL");
+    if seed % 2 == 1 {
+        // The children checkpointed (and so rolled segments and removed old ones).
+        let stats = db.recovery_stats().expect("recovered");
+        assert!(
+            stats.checkpoint_lsn.is_some(),
+            "no checkpoint (seed {seed}): {stats:?}"
+        );
+    }
     let history = dump(&db, "history");
     for (seq, d) in &acked {
         let v = history

@@ -362,7 +362,7 @@ fn crash_child() {
 /// default 64 MiB segments are never filled by a round).
 fn child_options(seed: u64) -> Options {
     let o = Options::default();
-    if seed % 2 == 0 {
+    if seed.is_multiple_of(2) {
         return o;
     }
     o.with_log_segment_size(64 << 10)
@@ -425,7 +425,7 @@ fn crash_once(seed: u64) {
         acked.extend(reader.join().expect("reader"));
     }
     let db = Database::open(dir.path(), Options::default()).expect("recovery after SIGKILL");
-    if seed % 2 == 1 {
+    if !seed.is_multiple_of(2) {
         // The children checkpointed (and so rolled segments and removed old ones).
         let stats = db.recovery_stats().expect("recovered");
         assert!(

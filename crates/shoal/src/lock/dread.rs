@@ -70,7 +70,7 @@ thread_local! {
     static AGE: std::cell::Cell<(TxnId, TxnId)> = const { std::cell::Cell::new((0, 0)) };
     /// The transaction of this thread's requests and how many locks it has released before
     /// its end (see `new_fingerprint`).
-    static EPOCH: std::cell::Cell<(TxnId, u64)> = const { std::cell::Cell::new((0, 0)) };
+    static EPOCH: std::cell::Cell<(TxnId, u16)> = const { std::cell::Cell::new((0, 0)) };
     /// The transaction of this thread's requests and its thread's flush-pipeline length at
     /// its first request (see `pipeline_of`).
     static PIPE: std::cell::Cell<(TxnId, u64)> = const { std::cell::Cell::new((0, 0)) };
@@ -86,7 +86,8 @@ pub fn pipeline_of(txn: TxnId) -> u64 {
     PIPE.with(|p| match p.get() {
         (t, n) if t == txn => n,
         _ => {
-            let n = pipeline_len();
+            // At most 2^16 - 1: what a request records (the victim rules compare no more).
+            let n = pipeline_len().min(u64::from(u16::MAX));
             p.set((txn, n));
             n
         }
@@ -101,18 +102,28 @@ pub fn pipeline_of(txn: TxnId) -> u64 {
 pub fn new_fingerprint(txn: TxnId) {
     EPOCH.with(|e| {
         let (t, n) = e.get();
-        e.set((txn, if t == txn { n + 1 } else { 1 }));
+        e.set((txn, if t == txn { n.wrapping_add(1) } else { 1 }));
     });
+}
+
+/// How many locks `txn`, whose requests this thread makes, has released before its end
+/// (modulo 2^16; see [`new_fingerprint`]).
+pub fn epoch_of(txn: TxnId) -> u16 {
+    EPOCH.with(|e| match e.get() {
+        (t, n) if t == txn => n,
+        _ => 0,
+    })
+}
+
+/// The fingerprint of `txn` after `epoch` early releases.
+pub fn fingerprint(txn: TxnId, epoch: u16) -> u32 {
+    txn_fingerprint(txn ^ (u64::from(epoch) << 48))
 }
 
 /// The fingerprint of `txn`'s requests made on this thread now: [`txn_fingerprint`] of its
 /// id, mixed with the number of its early releases (see [`new_fingerprint`]).
 pub fn fingerprint_of(txn: TxnId) -> u32 {
-    let n = EPOCH.with(|e| match e.get() {
-        (t, n) if t == txn => n,
-        _ => 0,
-    });
-    txn_fingerprint(txn ^ n.rotate_right(16))
+    fingerprint(txn, epoch_of(txn))
 }
 
 /// Declares that this thread's next lock requests for `txn` carry the age (wait-die and

@@ -47,7 +47,8 @@ use std::time::Duration;
 use rustc_hash::FxHashMap;
 
 use super::{
-    as_ref_bound, int_value, CommitTicket, Ctx, IntOp, Modify, Protocol, Rows, Span, SCAN_CHUNK,
+    as_ref_bound, int_value, CommitTicket, Ctx, IntOp, Modify, Protocol, Rows, Span, Write,
+    SCAN_CHUNK,
 };
 use crate::db::{DbInner, LogMode, Table, TableSlots};
 use crate::error::{show_key, Error, Result};
@@ -733,6 +734,15 @@ impl Protocol for TwoPl {
         // Not the default: the 8-byte array goes into the record without a `Vec` of its own.
         let out = self.rmw(cx, slot, key, |cur| int_value(key, cur, &op))?;
         Ok(i64::from_le_bytes(out))
+    }
+
+    fn write(&mut self, cx: &mut Ctx<'_>, slot: u16, key: &[u8], w: Write<'_>) -> Result<()> {
+        // The engine's own function, run in place under the leaf's latch: one descent.
+        self.rmw(cx, slot, key, |cur| match (cur, w) {
+            (Some(_), Write::Insert(_)) => Err(Error::DuplicateKey { key: show_key(key) }),
+            _ => Ok(w.value()),
+        })
+        .map(|_| ())
     }
 
     fn update(

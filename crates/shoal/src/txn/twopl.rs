@@ -745,13 +745,8 @@ impl Protocol for TwoPl {
         .map(|_| ())
     }
 
-    fn update(
-        &mut self,
-        cx: &mut Ctx<'_>,
-        slot: u16,
-        key: &[u8],
-        mut f: impl Modify,
-    ) -> Result<usize> {
+    fn update(&mut self, cx: &mut Ctx<'_>, slot: u16, key: &[u8], f: impl Modify) -> Result<usize> {
+        let mut f = f;
         self.intent(cx, slot, true)?;
         self.lock_key(cx, slot, key, LockMode::XN)?;
         // The caller's function runs with no page latch held: it may panic (which left the

@@ -229,15 +229,10 @@ trait Protocol {
         self.get(cx, slot, key)
     }
 
-    /// `put` and `insert`: a read-modify-write ([`update`](Self::update)), unless the
-    /// protocol can do better.
-    fn write(&mut self, cx: &mut Ctx<'_>, slot: u16, key: &[u8], w: Write<'_>) -> Result<()> {
-        self.update(cx, slot, key, |cur| match (cur, w) {
-            (Some(_), Write::Insert(_)) => Err(Error::DuplicateKey { key: show_key(key) }),
-            _ => Ok(w.value().to_vec()),
-        })
-        .map(|_| ())
-    }
+    /// `put` and `insert` (an insert of a present key fails with `DuplicateKey`). Every
+    /// protocol has its own: a default through [`update`](Self::update) would run 2PL's
+    /// latch-safe `update`, which reads the record before writing it.
+    fn write(&mut self, cx: &mut Ctx<'_>, slot: u16, key: &[u8], w: Write<'_>) -> Result<()>;
 
     fn delete(&mut self, cx: &mut Ctx<'_>, slot: u16, key: &[u8]) -> Result<bool>;
 

@@ -154,6 +154,8 @@ pub enum Setting {
     AdmissionQuantum(Given<Duration>),
     /// `--log-dir`: where the log lives (a fresh subdirectory per database).
     LogDir(PathBuf),
+    /// `--huge-pages`: the tables' pages on transparent huge pages.
+    HugePages(bool),
 }
 
 impl Setting {
@@ -172,6 +174,7 @@ impl Setting {
             Setting::Admission(_) => "admission",
             Setting::AdmissionQuantum(_) => "admission-quantum",
             Setting::LogDir(_) => "log-dir",
+            Setting::HugePages(_) => "huge-pages",
         }
     }
 
@@ -190,6 +193,7 @@ impl Setting {
             Setting::Admission(a) => o.admission = *a,
             Setting::AdmissionQuantum(d) => o.admission_quantum = d.value,
             Setting::LogDir(p) => o.log_dir = Some(p.clone()),
+            Setting::HugePages(h) => o.huge_pages = *h,
         }
     }
 
@@ -208,6 +212,7 @@ impl Setting {
             Setting::LockTimeout(Given::of(o.lock_timeout)),
             Setting::Admission(o.admission),
             Setting::AdmissionQuantum(Given::of(o.admission_quantum)),
+            Setting::HugePages(o.huge_pages),
         ]
     }
 
@@ -251,6 +256,7 @@ impl fmt::Display for Setting {
             Setting::Admission(Admission::Auto) => f.write_str("auto"),
             Setting::Admission(Admission::Limit(n)) => write!(f, "{}", n.max(&1)),
             Setting::LogDir(p) => write!(f, "{}", p.display()),
+            Setting::HugePages(h) => f.write_str(if *h { "on" } else { "off" }),
         }
     }
 }
@@ -309,6 +315,15 @@ fn parse_admission(s: &str) -> Result<Setting, String> {
         },
     };
     Ok(Setting::Admission(a))
+}
+
+/// Parses `--huge-pages`: `on` or `off`.
+fn parse_huge(s: &str) -> Result<Setting, String> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "on" => Ok(Setting::HugePages(true)),
+        "off" => Ok(Setting::HugePages(false)),
+        _ => Err(format!("{s:?}: give `on` or `off`")),
+    }
 }
 
 /// Parses `--admission-quantum`: a duration above 0.
@@ -391,6 +406,13 @@ const OPTIONS: &[EngineOption] = &[
         "lock-timeout",
         "Longest wait for one lock before a transaction aborts (default 2s)",
         || ValueParser::new(|s: &str| Given::parse(s).map(Setting::LockTimeout)),
+    ),
+    (
+        "huge-pages",
+        "The tables' pages on transparent huge pages (`on`, the default: fewer TLB misses in \
+         large tables) or on 4 KiB pages (`off`: cheaper growth where fresh memory is dear, \
+         as on a virtual machine whose host backs memory on first touch)",
+        || ValueParser::new(parse_huge),
     ),
     (
         "log-dir",
@@ -550,6 +572,21 @@ mod tests {
         ] {
             assert!(d.contains(&(want.0, want.1.to_string())), "{d:?}");
         }
+    }
+
+    #[test]
+    fn huge_pages_parse_on_and_off_and_reach_the_options() {
+        let mut o = Options::default();
+        assert!(o.huge_pages);
+        let off = Setting::parse("huge-pages", "off").unwrap();
+        assert_eq!(off.axis(), "huge-pages");
+        off.apply(&mut o);
+        assert!(!o.huge_pages);
+        assert_eq!(off.to_string(), "off");
+        Setting::parse("huge-pages", "ON").unwrap().apply(&mut o);
+        assert!(o.huge_pages);
+        assert!(Setting::of(&o).contains(&Setting::HugePages(true)));
+        assert!(Setting::parse("huge-pages", "maybe").is_err());
     }
 
     #[test]

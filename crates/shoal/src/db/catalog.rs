@@ -158,7 +158,13 @@ impl Database {
             let (_, end) = log.insert(&rec.encode())?;
             log.wait_durable(end)?;
         }
-        let t = new_table(id, name, self.inner.id, &self.inner.pages);
+        let t = new_table(
+            id,
+            name,
+            self.inner.id,
+            &self.inner.pages,
+            self.inner.opts.huge_pages,
+        );
         self.inner.by_id.set(&t)?;
         tables.insert(name.to_string(), t.clone());
         Ok(t)
@@ -238,14 +244,21 @@ pub(super) fn bad_table_name(name: &str) -> Option<&'static str> {
     }
 }
 
-/// A new, empty table whose pages count in `pages` (the database's pages in use).
-pub(super) fn new_table(id: TableId, name: &str, db_id: u64, pages: &Arc<AtomicU64>) -> Table {
+/// A new, empty table whose pages count in `pages` (the database's pages in use), on huge
+/// pages when `huge` ([`Options::huge_pages`](crate::Options::huge_pages)).
+pub(super) fn new_table(
+    id: TableId,
+    name: &str,
+    db_id: u64,
+    pages: &Arc<AtomicU64>,
+    huge: bool,
+) -> Table {
     Table {
         inner: Arc::new(TableInner {
             id,
             name: name.to_string(),
             db_id,
-            tree: BTree::counted(Arc::clone(pages)),
+            tree: BTree::counted(Arc::clone(pages), huge),
         }),
     }
 }
@@ -257,8 +270,8 @@ mod tests {
     #[test]
     fn table_slots_hand_out_the_table_of_each_id_and_refuse_ids_past_the_limit() {
         let pages = Arc::default();
-        let a = new_table(1, "a", 7, &pages);
-        let b = new_table(300, "b", 7, &pages);
+        let a = new_table(1, "a", 7, &pages, true);
+        let b = new_table(300, "b", 7, &pages, true);
         let slots = TableSlots::with([&a].into_iter());
         slots.set(&b).unwrap();
         assert_eq!(slots.get(1).map(|t| t.inner.name.as_str()), Some("a"));
@@ -266,9 +279,9 @@ mod tests {
         assert!(slots.get(2).is_none());
         assert!(slots.get(299).is_none());
         // A second table under a taken id keeps the first.
-        slots.set(&new_table(1, "c", 7, &pages)).unwrap();
+        slots.set(&new_table(1, "c", 7, &pages, true)).unwrap();
         assert_eq!(slots.get(1).map(|t| t.inner.name.as_str()), Some("a"));
-        let far = new_table(MAX_TABLES as TableId, "far", 7, &pages);
+        let far = new_table(MAX_TABLES as TableId, "far", 7, &pages, true);
         assert!(matches!(
             slots.set(&far),
             Err(Error::InvalidTableName { .. })

@@ -354,7 +354,7 @@ impl Database {
         checkpoint::remove_unfinished(&*vfs, dir)?;
         let db_id = NEXT_DB_ID.fetch_add(1, Ordering::Relaxed);
         let pages = Arc::default();
-        let (tables, stats) = recover(&*vfs, dir, &log_dir, db_id, &pages)?;
+        let (tables, stats) = recover(&*vfs, dir, &log_dir, (db_id, opts.huge_pages), &pages)?;
         // Only now, so that an open that fails leaves the identity files as they were.
         claim.stamp(&*vfs)?;
         let log = if opts.log == LogMode::None {

@@ -129,12 +129,13 @@ pub(super) fn redo(
     Ok(n)
 }
 
-/// Rebuilds the tables from the newest checkpoint and the log after it.
+/// Rebuilds the tables from the newest checkpoint and the log after it, as tables of
+/// database `db_id` on huge pages when `huge` (`Options::huge_pages`).
 pub(super) fn recover(
     vfs: &dyn Vfs,
     dir: &Path,
     log_dir: &Path,
-    db_id: u64,
+    (db_id, huge): (u64, bool),
     pages: &Arc<AtomicU64>,
 ) -> Result<(HashMap<String, Table>, RecoveryStats)> {
     let t0 = Instant::now();
@@ -181,7 +182,7 @@ pub(super) fn recover(
                     t.inner.id
                 )));
             }
-            by_id.insert(*id, new_table(*id, name, db_id, pages));
+            by_id.insert(*id, new_table(*id, name, db_id, pages, huge));
             return Ok(0);
         }
         redo(rec, at, |table, key, r| {

@@ -274,9 +274,10 @@ impl BTree {
     }
 
     /// An empty tree ([`new`](Self::new)) that counts its pages in use in `in_use`, with the
-    /// other trees given the same counter (a database's tables, for its memory limit).
-    pub fn counted(in_use: std::sync::Arc<std::sync::atomic::AtomicU64>) -> Self {
-        Self::build(PageStore::counted(in_use), usize::MAX, usize::MAX)
+    /// other trees given the same counter (a database's tables, for its memory limit), its
+    /// pages on transparent huge pages when `huge` (see `Options::huge_pages`).
+    pub fn counted(in_use: std::sync::Arc<std::sync::atomic::AtomicU64>, huge: bool) -> Self {
+        Self::build(PageStore::counted(in_use, huge), usize::MAX, usize::MAX)
     }
 
     fn build(store: PageStore, leaf_cap: usize, inner_cap: usize) -> Self {

@@ -338,6 +338,9 @@ pub struct PageStore {
     next: Mutex<(PageId, PageId)>,
     /// Freed pages, reused before new ones.
     free: Mutex<Vec<PageId>>,
+    /// Back chunks with transparent huge pages ([`advise_huge`]), else keep them on small
+    /// pages.
+    huge: bool,
 }
 
 fn chunk_of(pid: PageId) -> (usize, usize) {
@@ -424,27 +427,35 @@ fn chunk_layout(k: usize) -> Option<Layout> {
 
 /// Asks the kernel to back a chunk's whole 2 MiB pages with transparent huge pages
 /// (`madvise(MADV_HUGEPAGE)`; it matters where the system setting is `madvise`, the common
-/// default). A lookup in a large tree misses the cache on every level, and with 4 KiB pages
-/// it also misses the TLB: a dependent load into 1 GiB of pages took 303 ns here with 4 KiB
-/// pages and 189 ns with huge ones (pointer chasing, this machine), and YCSB-C over 1M rows
-/// ran 13% faster. The range is rounded inwards to whole huge pages; failure (no THP, an old
-/// kernel) leaves the chunk on small pages, which is only slower.
-fn advise_huge(p: *mut u8, len: usize) {
+/// default), or, when `huge` is false, never to (`MADV_NOHUGEPAGE`, which also holds where
+/// the system setting is `always`). A lookup in a large tree misses the cache on every
+/// level, and with 4 KiB pages it also misses the TLB: a dependent load into 1 GiB of pages
+/// took 303 ns here with 4 KiB pages and 189 ns with huge ones (pointer chasing, this
+/// machine), and YCSB-C over 1M rows ran 13% faster. But a fresh huge page can cost far more
+/// to fault in than 512 small ones where the memory comes from a virtual machine's host on
+/// first touch (see `Options::huge_pages`). The range is rounded inwards to whole huge
+/// pages; failure (no THP, an old kernel) leaves the chunk as the system backs it.
+fn advise_huge(p: *mut u8, len: usize, huge: bool) {
     #[cfg(target_os = "linux")]
     {
         let start = (p as usize).next_multiple_of(HUGE_PAGE);
         let end = (p as usize).saturating_add(len) / HUGE_PAGE * HUGE_PAGE;
         if end > start {
+            let advice = if huge {
+                libc::MADV_HUGEPAGE
+            } else {
+                libc::MADV_NOHUGEPAGE
+            };
             // SAFETY: the range lies inside the allocation `p..p + len` just made and
-            // `madvise` with `MADV_HUGEPAGE` only changes how the kernel backs it; no memory
-            // is read, written or unmapped.
+            // `madvise` with `MADV_HUGEPAGE` or `MADV_NOHUGEPAGE` only changes how the kernel
+            // backs it; no memory is read, written or unmapped.
             unsafe {
-                libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE);
+                libc::madvise(start as *mut libc::c_void, end - start, advice);
             }
         }
     }
     #[cfg(not(target_os = "linux"))]
-    let _ = (p, len);
+    let _ = (p, len, huge);
 }
 
 impl Default for PageStore {
@@ -456,16 +467,19 @@ impl Default for PageStore {
 impl PageStore {
     /// An empty store.
     pub fn new() -> Self {
-        Self::counted(Arc::default())
+        Self::counted(Arc::default(), true)
     }
 
-    /// An empty store that counts its pages in use in `in_use` (shared with other stores).
-    pub fn counted(in_use: Arc<AtomicU64>) -> Self {
+    /// An empty store that counts its pages in use in `in_use` (shared with other stores),
+    /// with its memory on transparent huge pages when `huge` (see `advise_huge`) and on
+    /// small pages otherwise.
+    pub fn counted(in_use: Arc<AtomicU64>, huge: bool) -> Self {
         PageStore {
             in_use,
             chunks: std::array::from_fn(|_| AtomicPtr::new(std::ptr::null_mut())),
             next: Mutex::new((0, 0)),
             free: Mutex::new(Vec::new()),
+            huge,
         }
     }
 
@@ -511,7 +525,7 @@ impl PageStore {
             if p.is_null() {
                 std::alloc::handle_alloc_error(layout);
             }
-            advise_huge(p.cast(), layout.size());
+            advise_huge(p.cast(), layout.size(), self.huge);
             slot.store(p, AtomicOrdering::Release);
         }
         // Keep memory backed some way ahead of the pages handed out, from a background
@@ -615,6 +629,52 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
         assert_eq!(PREFAULT_FAILED.load(AtomicOrdering::Relaxed), failed);
+    }
+
+    /// The `VmFlags` of the mapping of this process that holds `addr` (Linux's
+    /// `/proc/self/smaps`), or `None` if no mapping does.
+    #[cfg(target_os = "linux")]
+    fn vm_flags_at(addr: usize) -> Option<Vec<String>> {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+        let mut inside = false;
+        for line in smaps.lines() {
+            let first = line.split_whitespace().next().unwrap_or("");
+            if let Some((a, b)) = first.split_once('-') {
+                if let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
+                {
+                    inside = (a..b).contains(&addr);
+                    continue;
+                }
+            }
+            if let (true, Some(flags)) = (inside, line.strip_prefix("VmFlags:")) {
+                return Some(flags.split_whitespace().map(str::to_string).collect());
+            }
+        }
+        None
+    }
+
+    /// A store's chunks of whole 2 MiB pages are marked for huge pages (`hg`) when it is
+    /// made with `huge`, and kept off them (`nh`) when not, whatever the system's setting.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn chunks_are_marked_for_huge_pages_or_kept_off_them_as_asked() {
+        for huge in [true, false] {
+            let store = PageStore::counted(Arc::default(), huge);
+            // Chunk 7 holds pages 127..255: 128 frames, 4 MiB, so one whole aligned 2 MiB
+            // page at least.
+            let mut last = 0;
+            while last < 200 {
+                last = store.alloc();
+            }
+            let frame = store.frame(200).expect("an allocated page");
+            let addr = frame as *const Frame as usize;
+            let flags = vm_flags_at(addr).expect("the chunk's mapping");
+            let (want, not) = if huge { ("hg", "nh") } else { ("nh", "hg") };
+            assert!(
+                flags.iter().any(|f| f == want) && !flags.iter().any(|f| f == not),
+                "huge {huge}: flags {flags:?}"
+            );
+        }
     }
 
     /// One byte-level operation on a frame, checked against a plain byte array.

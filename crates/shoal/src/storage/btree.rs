@@ -1521,8 +1521,12 @@ impl BTree {
         Ok(())
     }
 
-    /// Whether a node counts as underfull (a merge candidate).
+    /// Whether a node counts as underfull (a merge candidate). An empty node always is: by
+    /// bytes alone, one whose two fence keys are long (about 4 KiB each) is not.
     fn underfull(&self, n: Node<'_>) -> bool {
+        if n.count() == 0 {
+            return true;
+        }
         let cap = if n.is_leaf() {
             self.leaf_cap
         } else {

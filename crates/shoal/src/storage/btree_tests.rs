@@ -1262,7 +1262,7 @@ fn readers_of_overflow_chains_never_see_torn_values() {
         _ => INLINE_VALUE - usize::from(b),
     };
     let key = |i: u64| {
-        let mut k = vec![b'k'; if i % 3 == 0 { 3000 } else { 8 }];
+        let mut k = vec![b'k'; if i.is_multiple_of(3) { 3000 } else { 8 }];
         k.extend_from_slice(&i.to_be_bytes());
         k
     };
@@ -1308,7 +1308,7 @@ fn readers_of_overflow_chains_never_see_torn_values() {
                     i += 1;
                     let (_, h) = t.get_hinted(&key(i % 300), hint, |r| r.map(check));
                     hint = Some(h);
-                    if i % 50 == 0 {
+                    if i.is_multiple_of(50) {
                         for (_, r) in t.range(Bound::Unbounded, Bound::Unbounded, usize::MAX) {
                             check(&r);
                         }

@@ -682,3 +682,34 @@ fn recovery_makes_what_it_replayed_durable_before_the_next_run_builds_on_it() {
         );
     }
 }
+
+/// A first open with a separate log directory that fails part-way (any one file operation
+/// failing once) leaves a database that opens: retried by the same process, or after a
+/// crash or a power loss. (It stamped the log directory first: an open that failed before
+/// the database directory's stamp left the database refused for good.)
+#[test]
+fn a_failed_first_open_with_a_separate_log_dir_does_not_lock_the_database_out() {
+    let opts = || Options::default().with_log_dir(Some(PathBuf::from("/log")));
+    let probe = MemFs::new();
+    drop(Database::open_on(Arc::new(probe.clone()), Path::new(DIR), opts()).expect("open"));
+    let mut failed = 0;
+    for n in 0..probe.ops() {
+        let fs = MemFs::new();
+        fs.fail_at(n, Fault::Eio, false);
+        if Database::open_on(Arc::new(fs.clone()), Path::new(DIR), opts()).is_ok() {
+            continue;
+        }
+        failed += 1;
+        let what = fs.injected();
+        for (how, after) in [
+            ("retry", fs.clone()),
+            ("crash", fs.snapshot()),
+            ("power loss", fs.power_loss(0)),
+        ] {
+            if let Err(e) = Database::open_on(Arc::new(after), Path::new(DIR), opts()) {
+                panic!("the first open failed at {what:?}; after a {how} it is refused: {e}");
+            }
+        }
+    }
+    assert!(failed > 0, "no injected fault made the first open fail");
+}

@@ -63,10 +63,14 @@ impl Claim {
     /// older, and the marker. Called once the database has been recovered, so an open that
     /// fails (a newer format, damage) changes nothing on disk.
     pub(super) fn stamp(self, vfs: &dyn Vfs) -> Result<()> {
-        // The log directory's identity goes first (`stale` lists it last), then the marker:
-        // a marker only ever names a log directory that carries the identity.
+        // The database directory's identity goes first (`stale` lists it first), then the
+        // log directory's, then the marker: a marker only ever names a log directory that
+        // carries the identity, and an open that stops in between leaves a database that
+        // opens. (The log directory's first, an open that failed before the database
+        // directory's left a log directory that claimed a database whose directory said
+        // nothing, and every later open was refused as "another database's" log.)
         let text = format!("{HEAD}{}\n{FORMAT_HEAD}{FORMAT}\n", self.id);
-        for d in self.stale.iter().rev() {
+        for d in &self.stale {
             write(vfs, d, FILE, &text)?;
         }
         match &self.elsewhere {

@@ -1317,3 +1317,24 @@ fn a_database_is_refused_when_opened_without_the_log_directory_it_keeps_its_log_
     let db = Database::open(dir2.path(), Options::default()).expect("reopen");
     assert_eq!(dump(&db, "t").len(), 3);
 }
+
+/// A value as long as the options allow (just under the log's 1 GiB record limit) after a
+/// row of almost 4 MiB: a checkpoint record was cut only once it had reached 4 MiB, so it
+/// held both rows and was refused for exceeding the limit, at every attempt, and the log
+/// could never be truncated. Heavy (about 6 GB of memory, 1 GiB of disk).
+#[test]
+#[ignore = "heavy: a 1 GiB value"]
+fn a_checkpoint_of_a_maximal_value_after_a_large_row_succeeds() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let opts = Options::default()
+        .with_log_buffer(1 << 30)
+        .with_max_value_len((1 << 30) - 8192);
+    let db = Database::open(dir.path(), opts).expect("open");
+    let t = db.create_table("t").expect("create");
+    db.run(|tx| tx.put(&t, "a", vec![1u8; (4 << 20) - 100]))
+        .expect("a row of almost 4 MiB");
+    db.run(|tx| tx.put(&t, "b", vec![2u8; (1 << 30) - 16384]))
+        .expect("a row of almost 1 GiB, within max_value_len");
+    let r = db.checkpoint();
+    assert!(r.is_ok(), "checkpoint of committed rows failed: {r:?}");
+}

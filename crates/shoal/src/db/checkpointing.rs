@@ -16,8 +16,9 @@ use super::*;
 
 /// Rows per checkpoint record, at most.
 const CHUNK_ROWS: usize = 1024;
-/// Key and value bytes after which a checkpoint record is cut (a record holds at most this
-/// plus one row; keys and values are bounded far below the decoder's 1 GiB limit).
+/// Key and value bytes a checkpoint record holds at most, unless one row alone is larger
+/// (that row then has a record of its own: a row fits in a record, as `check_limits`
+/// makes a commit of one row fit, but a row of up to 1 GiB next to 4 MiB of others did not).
 const CHUNK_BYTES: usize = 4 << 20;
 /// Rows read from the tree at once: adapted to the row size, so that one read of large rows
 /// does not copy much more than a record's worth.
@@ -111,8 +112,8 @@ impl Checkpointer {
     }
 }
 
-/// Gathers checkpoint rows into records of at most [`CHUNK_ROWS`] rows, cut once they hold
-/// [`CHUNK_BYTES`] of keys and values.
+/// Gathers checkpoint rows into records of at most [`CHUNK_ROWS`] rows and [`CHUNK_BYTES`]
+/// of keys and values (or one larger row alone).
 #[derive(Default)]
 struct Rows {
     writes: Vec<LogWrite>,
@@ -127,7 +128,11 @@ impl Rows {
         key: Vec<u8>,
         value: Vec<u8>,
     ) -> Result<()> {
-        self.bytes += key.len() + value.len();
+        let n = key.len() + value.len();
+        if !self.writes.is_empty() && self.bytes + n > CHUNK_BYTES {
+            self.flush(w)?;
+        }
+        self.bytes += n;
         self.writes.push(LogWrite {
             table,
             key,

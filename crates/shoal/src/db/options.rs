@@ -279,13 +279,15 @@ pub struct Options {
     /// Back the tables' pages with transparent huge pages (Linux; 2 MiB pages where the
     /// system's `transparent_hugepage/enabled` is `madvise` or `always`). Default: on.
     ///
-    /// On, a lookup in a large table misses the TLB less often: YCSB-C over 1M rows ran 13%
+    /// On, a lookup in a large table misses the TLB less often: YCSB-C over 1M rows ran 10%
     /// faster on this project's machines. Off, the tables stay on 4 KiB pages (even where the
     /// system backs all memory with huge pages), which is cheaper for a database that grows
     /// fast where fresh memory is dear: on a virtual machine whose host backs memory on first
-    /// touch, faulting in a fresh 2 MiB page cost milliseconds (`docs/results.md`, the
-    /// twenty-first session, measures both). Many database systems advise turning huge
-    /// pages off for the same reason.
+    /// touch, a fresh 2 MiB page took milliseconds to fault in, and off, the insert
+    /// microbenchmark ran 1.5x faster at two threads (p99 2-3 ms instead of 7-9 ms) and
+    /// TPC-C's p99.9 at two threads fell from 1.3-1.7 ms to 0.5 ms (`docs/results.md`, the
+    /// twenty-first session). Many database systems advise turning huge pages off for the
+    /// latency spikes.
     ///
     /// ```
     /// let db = shoal::Database::in_memory_with(shoal::Options::default().with_huge_pages(false));

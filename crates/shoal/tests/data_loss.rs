@@ -1338,3 +1338,45 @@ fn a_checkpoint_of_a_maximal_value_after_a_large_row_succeeds() {
     let r = db.checkpoint();
     assert!(r.is_ok(), "checkpoint of committed rows failed: {r:?}");
 }
+
+/// A database with a checkpoint whose log segments are all gone (outside damage: the engine
+/// never deletes its last segment) is refused: it opened with the checkpoint's rows alone
+/// and dropped every commit after the checkpoint without a word.
+#[test]
+fn a_checkpoint_without_any_log_segment_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let db = Database::open(dir.path(), Options::default()).expect("open");
+        let t = db.create_table("t").expect("create");
+        db.run(|tx| tx.put(&t, "before", "1")).expect("put");
+        db.checkpoint().expect("checkpoint");
+        db.run(|tx| tx.put(&t, "after", "2")).expect("put");
+    }
+    let mut removed = 0;
+    for e in std::fs::read_dir(dir.path()).expect("read_dir") {
+        let p = e.expect("entry").path();
+        let name = p
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("")
+            .to_string();
+        if name.starts_with("log-") {
+            std::fs::remove_file(&p).expect("remove");
+            removed += 1;
+        }
+    }
+    assert!(removed > 0, "no log segment found to remove");
+    match Database::open(dir.path(), Options::default()) {
+        Err(shoal::Error::Corrupt { detail, .. }) => {
+            assert!(detail.contains("no log segment"), "{detail}")
+        }
+        Err(e) => panic!("refused, but not as damage: {e}"),
+        Ok(db) => {
+            let t = db.table("t").expect("table");
+            panic!(
+                "opened; \"after\" is {:?}",
+                db.run(|tx| tx.get(&t, "after")).expect("get")
+            )
+        }
+    }
+}

@@ -118,6 +118,18 @@ pub(crate) fn replay(
     mut apply: impl FnMut(u64, LogRecord) -> Result<()>,
 ) -> Result<LogScan> {
     let segs = list(vfs, dir)?;
+    if segs.is_empty() && from > 0 && upto.is_none() {
+        // A checkpoint exists, so a log did: the engine never deletes its last segment.
+        // Opening would silently drop every commit after the checkpoint.
+        return Err(Error::Corrupt {
+            path: dir.to_path_buf(),
+            offset: from,
+            detail: format!(
+                "a checkpoint at LSN {from}, but the log directory holds no log segment: the \
+                 log after the checkpoint is missing (a wrong or emptied log directory?)"
+            ),
+        });
+    }
     let limit = upto.unwrap_or(u64::MAX);
     let mut end = from;
     let mut torn_bytes = 0;

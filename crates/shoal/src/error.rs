@@ -100,7 +100,8 @@ pub enum Error {
          rows or reopen with a higher Options::memory_limit"
     )]
     MemoryLimit {
-        /// Bytes of table pages in use when the write was refused.
+        /// Bytes of table pages in use when the write was refused (under OCC and Doppel,
+        /// with the bytes the transaction's buffered writes would add).
         used: u64,
         /// The configured limit.
         limit: u64,

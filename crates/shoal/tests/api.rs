@@ -472,3 +472,106 @@ fn a_scan_of_no_rows_checks_its_table_and_bounds() {
     }
     assert!(tx.scan_limit(&t, .., 0).expect("empty").is_empty());
 }
+
+/// `Options::memory_limit` holds for one large transaction under every protocol. Under OCC
+/// and Doppel a transaction's writes wait in its write set until commit, and only the
+/// tables' pages were counted: one transaction of 2 MB committed whole into a database
+/// limited to 256 KiB.
+#[test]
+fn one_large_transaction_is_held_to_the_memory_limit_under_every_protocol() {
+    const LIMIT: u64 = 256 << 10;
+    for cc in [
+        ConcurrencyControl::TwoPhaseLocking,
+        ConcurrencyControl::Optimistic,
+        ConcurrencyControl::Doppel,
+    ] {
+        let db = Database::in_memory_with(
+            Options::default()
+                .with_cc(cc)
+                .with_memory_limit(Some(LIMIT)),
+        );
+        let t = db.create_table("t").unwrap();
+        let mut tx = db.begin();
+        let mut refused = None;
+        for i in 0..2000u32 {
+            if let Err(e) = tx.put(&t, i.to_be_bytes(), [7u8; 1000]) {
+                refused = Some((i, e));
+                break;
+            }
+        }
+        let committed = tx.commit();
+        let used = db.page_bytes();
+        assert!(
+            refused.is_some() && used <= 2 * LIMIT,
+            "{cc:?}: no write refused ({refused:?}), commit {committed:?}, the tables now \
+             hold {used} bytes of pages under a limit of {LIMIT}"
+        );
+    }
+}
+
+/// A write refused with `TransactionTooLarge` dooms the transaction under every protocol:
+/// the commit fails with `TransactionAborted` and nothing of it is written. Under OCC and
+/// Doppel the refusal left the transaction usable, and its commit wrote the part accepted
+/// before it.
+#[test]
+fn a_transaction_too_large_is_refused_alike_under_every_protocol() {
+    for cc in [
+        ConcurrencyControl::TwoPhaseLocking,
+        ConcurrencyControl::Serial,
+        ConcurrencyControl::Optimistic,
+        ConcurrencyControl::Doppel,
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let b = 1usize << 20;
+        let opts = Options::default()
+            .with_cc(cc)
+            .with_log_buffer(b)
+            .with_max_value_len(b / 16);
+        let db = Database::open(dir.path(), opts).unwrap();
+        let t = db.create_table("t").unwrap();
+        let v = vec![1u8; b / 16];
+        let mut tx = db.begin();
+        tx.put(&t, "first", "1").unwrap();
+        let mut refused = false;
+        for i in 0..64 {
+            match tx.put(&t, format!("k{i:03}"), &v) {
+                Ok(()) => {}
+                Err(Error::TransactionTooLarge { .. }) => {
+                    refused = true;
+                    break;
+                }
+                Err(e) => panic!("{cc:?}: {e}"),
+            }
+        }
+        assert!(refused, "{cc:?}");
+        let commit = tx.commit();
+        let first = db.run(|tx| tx.get(&t, "first")).unwrap();
+        assert!(
+            matches!(commit, Err(Error::TransactionAborted { .. })) && first.is_none(),
+            "{cc:?}: commit after TransactionTooLarge = {commit:?}, \"first\" = {first:?}"
+        );
+    }
+}
+
+/// `add_and_get` (and `max_and_get`, `min_and_get`) refuse an 8-byte value over
+/// `max_value_len`, as `put` and `add` do (they stored it).
+#[test]
+fn integer_operations_respect_max_value_len() {
+    for cc in [
+        ConcurrencyControl::TwoPhaseLocking,
+        ConcurrencyControl::Optimistic,
+    ] {
+        let db = Database::in_memory_with(Options::default().with_cc(cc).with_max_value_len(4));
+        let t = db.create_table("t").unwrap();
+        assert!(matches!(
+            db.run(|tx| tx.add(&t, "n", 1)),
+            Err(Error::ValueTooLarge { len: 8, max: 4 })
+        ));
+        let r = db.run(|tx| tx.add_and_get(&t, "n", 1));
+        assert!(
+            matches!(r, Err(Error::ValueTooLarge { len: 8, max: 4 })),
+            "{cc:?}: add_and_get = {r:?}, stored {:?}",
+            db.run(|tx| tx.get(&t, "n"))
+        );
+    }
+}

@@ -254,10 +254,12 @@ pub struct Options {
     /// it fails with [`Error::MemoryLimit`](crate::Error::MemoryLimit), which is not
     /// retryable; reads and deletes go on, and writes succeed again once deletes have freed
     /// pages. A soft limit: a transaction admitted under it may still split a page or two.
-    /// Recovery is never refused (what was committed is replayed whatever the limit), so a
+    /// Under OCC and Doppel, whose writes wait in the transaction until commit, a write
+    /// also counts the transaction's earlier writes (their log bytes). Recovery is never
+    /// refused (what was committed is replayed whatever the limit), so a
     /// database that grows toward its machine's memory stops taking writes before it stops
-    /// fitting. Only table pages count, not the log buffer, locks or transactions' own
-    /// buffers. Default: none.
+    /// fitting. Only table pages count (and, as above, OCC's and Doppel's buffered writes),
+    /// not the log buffer or locks. Default: none.
     ///
     /// ```
     /// let o = shoal::Options::default().with_memory_limit(Some(1 << 20));

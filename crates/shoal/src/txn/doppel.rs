@@ -123,7 +123,11 @@ impl Protocol for DoppelTxn {
                     }
                     // The log record holds the operation, as the OCC write set's charge
                     // holds a value.
-                    cx.charge(key, delta.encoded_len())?;
+                    // One that outgrows the log fails whole (see OCC's `buffer`).
+                    if let Err(e) = cx.charge(key, delta.encoded_len()) {
+                        self.sw.clear();
+                        return Err(self.occ.doom(cx, e));
+                    }
                     self.sw.push((tid, key.into(), delta));
                     return Ok(());
                 }

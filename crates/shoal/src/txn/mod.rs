@@ -479,15 +479,23 @@ impl<'db> Transaction<'db> {
     }
 
     /// Refuses a write at the memory limit ([`Options::memory_limit`](crate::Options::memory_limit)).
+    /// Under OCC and Doppel the transaction's earlier writes wait in its write set until
+    /// commit, so they count too (as their log bytes): counting the tables' pages alone, one
+    /// transaction installed megabytes into a database limited to 256 KiB.
     fn check_room(&self) -> Result<()> {
         let inner = self.cx.inner();
-        match inner.opts.memory_limit {
-            Some(limit) if inner.page_bytes() >= limit => Err(Error::MemoryLimit {
-                used: inner.page_bytes(),
-                limit,
-            }),
-            _ => Ok(()),
+        let Some(limit) = inner.opts.memory_limit else {
+            return Ok(());
+        };
+        let pending = match inner.opts.cc {
+            ConcurrencyControl::Optimistic | ConcurrencyControl::Doppel => self.cx.redo_bytes.get(),
+            _ => 0,
+        };
+        let used = inner.page_bytes().saturating_add(pending);
+        if used >= limit {
+            return Err(Error::MemoryLimit { used, limit });
         }
+        Ok(())
     }
 
     /// Reads the value of `key`, or `None` if absent. Takes SN on the key (held to commit), so
@@ -693,6 +701,9 @@ impl<'db> Transaction<'db> {
 
     fn int_op(&mut self, table: &Table, key: &[u8], op: impl IntOp) -> Result<i64> {
         let slot = self.open_write(table, key)?;
+        // The value is 8 bytes, which `max_value_len` may not allow (as `put` and `add`
+        // refuse it).
+        self.cx.check_value(&[0; 8])?;
         dispatch!(&mut self.cc, p => p.int_op(&mut self.cx, slot, key, &op))
     }
 

@@ -272,7 +272,12 @@ impl Occ {
 
     /// A conflict in the middle of the transaction: it is doomed, later operations fail.
     fn fail(&mut self, cx: &mut Ctx<'_>, detail: String) -> Error {
-        let e = Error::Conflict { txn: cx.id, detail };
+        self.doom(cx, Error::Conflict { txn: cx.id, detail })
+    }
+
+    /// Ends the transaction with `e`: its writes are dropped, later operations and the
+    /// commit fail with [`Error::TransactionAborted`].
+    pub(super) fn doom(&mut self, cx: &mut Ctx<'_>, e: Error) -> Error {
         cx.failed = Some(e.to_string());
         self.st.clear();
         e
@@ -318,7 +323,11 @@ impl Occ {
         key: &[u8],
         value: Option<Vec<u8>>,
     ) -> Result<()> {
-        cx.charge(key, value.as_ref().map_or(0, Vec::len))?;
+        // A transaction that outgrows the log fails whole, as under 2PL: its commit would
+        // otherwise write the part accepted before the refusal.
+        if let Err(e) = cx.charge(key, value.as_ref().map_or(0, Vec::len)) {
+            return Err(self.doom(cx, e));
+        }
         let tid = table_of(&cx.tables, slot).inner.id;
         let st = &mut self.st;
         // A read-modify-write (`add_and_get`, `insert`, `delete`, ...) has just read the key: start

@@ -91,8 +91,9 @@ pub enum Error {
         /// The configured limit.
         max: usize,
     },
-    /// A write found the database's tables holding as many bytes of pages as
-    /// [`Options::memory_limit`](crate::Options::memory_limit) allows. Not retryable: reads
+    /// A write (or `create_table`) found the database's tables holding as many bytes of pages
+    /// as [`Options::memory_limit`](crate::Options::memory_limit) allows, or would have taken
+    /// them there. Not retryable: reads
     /// and deletes go on, and writes succeed again once deletes have freed pages (or the
     /// database is reopened with a higher limit).
     #[error(

@@ -575,3 +575,49 @@ fn integer_operations_respect_max_value_len() {
         );
     }
 }
+
+/// One value larger than the memory limit is refused: only the tables' pages at the time
+/// were compared with it, and a 16 MiB value went into a database limited to 1 MiB.
+#[test]
+fn one_value_larger_than_the_memory_limit_is_refused() {
+    const LIMIT: u64 = 1 << 20;
+    for cc in [
+        ConcurrencyControl::TwoPhaseLocking,
+        ConcurrencyControl::Optimistic,
+    ] {
+        let db = Database::in_memory_with(
+            Options::default()
+                .with_cc(cc)
+                .with_memory_limit(Some(LIMIT)),
+        );
+        let t = db.create_table("t").unwrap();
+        let r = db.run(|tx| tx.put(&t, "big", vec![1u8; 16 << 20]));
+        assert!(
+            matches!(r, Err(Error::MemoryLimit { .. })) && db.page_bytes() <= LIMIT,
+            "{cc:?}: {r:?}, page_bytes {} under a {LIMIT}-byte limit",
+            db.page_bytes()
+        );
+        db.run(|tx| tx.put(&t, "small", [1u8; 100]))
+            .expect("a small write still fits");
+    }
+}
+
+/// `create_table` is refused at the memory limit (each table takes a 32 KiB root page at
+/// once: 200 tables took 6 MiB under a 1 MiB limit).
+#[test]
+fn create_table_is_refused_at_the_memory_limit() {
+    const LIMIT: u64 = 1 << 20;
+    let db = Database::in_memory_with(Options::default().with_memory_limit(Some(LIMIT)));
+    let mut refused = None;
+    for i in 0..200 {
+        if let Err(e) = db.create_table(&format!("t{i}")) {
+            refused = Some(e);
+            break;
+        }
+    }
+    assert!(
+        matches!(refused, Some(Error::MemoryLimit { .. })) && db.page_bytes() <= LIMIT,
+        "{refused:?}: page_bytes {} under a {LIMIT}-byte limit",
+        db.page_bytes()
+    );
+}

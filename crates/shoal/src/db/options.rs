@@ -251,7 +251,8 @@ pub struct Options {
     pub admission_quantum: Duration,
     /// The most bytes of table pages (32 KiB each) the database holds before it refuses
     /// writes: a put, insert, update or integer operation that finds the tables at or past
-    /// it fails with [`Error::MemoryLimit`](crate::Error::MemoryLimit), which is not
+    /// it, or whose key and value would take them there, fails with
+    /// [`Error::MemoryLimit`](crate::Error::MemoryLimit) (so does `create_table`), which is not
     /// retryable; reads and deletes go on, and writes succeed again once deletes have freed
     /// pages. A soft limit: a transaction admitted under it may still split a page or two.
     /// Under OCC and Doppel, whose writes wait in the transaction until commit, a write

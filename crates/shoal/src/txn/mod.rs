@@ -474,15 +474,16 @@ impl<'db> Transaction<'db> {
     /// limit ([`Options::memory_limit`](crate::Options::memory_limit)).
     fn open_write(&mut self, table: &Table, key: &[u8]) -> Result<u16> {
         let slot = self.open(table, key)?;
-        self.check_room()?;
+        self.check_room(key.len())?;
         Ok(slot)
     }
 
     /// Refuses a write at the memory limit ([`Options::memory_limit`](crate::Options::memory_limit)).
     /// Under OCC and Doppel the transaction's earlier writes wait in its write set until
     /// commit, so they count too (as their log bytes): counting the tables' pages alone, one
-    /// transaction installed megabytes into a database limited to 256 KiB.
-    fn check_room(&self) -> Result<()> {
+    /// transaction installed megabytes into a database limited to 256 KiB. So do the `adding`
+    /// bytes of this write (a 16 MiB value went into a database limited to 1 MiB).
+    fn check_room(&self, adding: usize) -> Result<()> {
         let inner = self.cx.inner();
         let Some(limit) = inner.opts.memory_limit else {
             return Ok(());
@@ -492,7 +493,7 @@ impl<'db> Transaction<'db> {
             _ => 0,
         };
         let used = inner.page_bytes().saturating_add(pending);
-        if used >= limit {
+        if used.saturating_add(adding as u64) >= limit {
             return Err(Error::MemoryLimit { used, limit });
         }
         Ok(())
@@ -620,7 +621,7 @@ impl<'db> Transaction<'db> {
         self.cx.check_key(key)?;
         self.cx.check_value(w.value())?;
         let slot = self.cx.table_slot(table)?;
-        self.check_room()?;
+        self.check_room(key.len() + w.value().len())?;
         dispatch!(&mut self.cc, p => p.write(&mut self.cx, slot, key, w))
     }
 

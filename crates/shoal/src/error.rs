@@ -75,7 +75,8 @@ pub enum Error {
     /// A key was empty. Keys must hold at least one byte.
     #[error("empty key: keys must hold at least one byte")]
     EmptyKey,
-    /// A key was longer than [`Options::max_key_len`](crate::Options::max_key_len).
+    /// A key was longer than [`Options::max_key_len`](crate::Options::max_key_len) (a write's)
+    /// or than the 4096 bytes a page guarantees room for (a lookup's).
     #[error("key of {len} bytes exceeds the limit of {max} bytes")]
     KeyTooLarge {
         /// Length of the offending key.

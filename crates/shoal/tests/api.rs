@@ -621,3 +621,27 @@ fn create_table_is_refused_at_the_memory_limit() {
         db.page_bytes()
     );
 }
+
+/// A database reopened with a smaller `max_key_len` still reads and deletes the rows whose
+/// keys are longer (the open succeeded and scans returned them, but `get` and `delete`
+/// refused their keys, so they could not be removed); writing such a key is refused.
+#[test]
+fn rows_written_under_a_larger_max_key_len_can_be_read_and_deleted() {
+    let dir = tempfile::tempdir().unwrap();
+    let long = vec![b'k'; 100];
+    {
+        let db = Database::open(dir.path(), Options::default()).unwrap();
+        let t = db.create_table("t").unwrap();
+        db.run(|tx| tx.put(&t, &long, "v")).unwrap();
+    }
+    let db = Database::open(dir.path(), Options::default().with_max_key_len(50)).unwrap();
+    let t = db.table("t").unwrap();
+    assert_eq!(db.run(|tx| tx.scan(&t, ..)).unwrap().len(), 1);
+    assert_eq!(db.run(|tx| tx.get(&t, &long)).unwrap(), Some(b"v".to_vec()));
+    assert!(matches!(
+        db.run(|tx| tx.put(&t, &long, "w")),
+        Err(Error::KeyTooLarge { len: 100, max: 50 })
+    ));
+    assert!(db.run(|tx| tx.delete(&t, &long)).unwrap());
+    assert!(db.run(|tx| tx.scan(&t, ..)).unwrap().is_empty());
+}

@@ -199,7 +199,10 @@ pub struct Options {
     /// Longest wait for one lock before the transaction fails with
     /// [`Error::LockTimeout`]. Default: 2 s.
     pub lock_timeout: Duration,
-    /// Longest key in bytes. Default: 4096.
+    /// Longest key a write takes, in bytes (at most 4096, what a page guarantees room for).
+    /// Reads, deletes and scan bounds take keys up to 4096 bytes whatever this says, so
+    /// rows written under a larger limit stay reachable after a reopen with a smaller one.
+    /// Default: 4096.
     pub max_key_len: usize,
     /// Longest value in bytes. Default: 16 MiB.
     pub max_value_len: usize,

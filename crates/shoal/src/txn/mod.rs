@@ -328,6 +328,19 @@ impl<'db> Ctx<'db> {
         })
     }
 
+    /// The check of a key that only looks a record up (a read, a delete, a scan's bound):
+    /// non-empty and no longer than a page guarantees room for. A key longer than
+    /// `max_key_len` cannot be written, but one written under a larger limit (a database
+    /// reopened with a smaller one) can still be read and deleted.
+    fn check_lookup_key(&self, key: &[u8]) -> Result<()> {
+        if key.is_empty() {
+            return Err(Error::EmptyKey);
+        }
+        at_most(key.len(), crate::storage::page::MAX_KEY, |len, max| {
+            Error::KeyTooLarge { len, max }
+        })
+    }
+
     fn check_value(&self, value: &[u8]) -> Result<()> {
         at_most(value.len(), self.inner().opts.max_value_len, |len, max| {
             Error::ValueTooLarge { len, max }
@@ -466,7 +479,7 @@ impl<'db> Transaction<'db> {
     /// table this database's; returns the table's slot.
     fn open(&mut self, table: &Table, key: &[u8]) -> Result<u16> {
         self.cx.active()?;
-        self.cx.check_key(key)?;
+        self.cx.check_lookup_key(key)?;
         self.cx.table_slot(table)
     }
 
@@ -474,6 +487,7 @@ impl<'db> Transaction<'db> {
     /// limit ([`Options::memory_limit`](crate::Options::memory_limit)).
     fn open_write(&mut self, table: &Table, key: &[u8]) -> Result<u16> {
         let slot = self.open(table, key)?;
+        self.cx.check_key(key)?;
         self.check_room(key.len())?;
         Ok(slot)
     }
@@ -862,7 +876,8 @@ impl<'db> Transaction<'db> {
     /// are keys the database takes, the table is this database's. Returns its slot.
     fn check_scan(&mut self, table: &Table, lo: Bound<&[u8]>, hi: Bound<&[u8]>) -> Result<u16> {
         self.cx.active()?;
-        let max = self.cx.inner().opts.max_key_len;
+        // Bounds are lookups: as long as a key written under a larger `max_key_len` may be.
+        let max = crate::storage::page::MAX_KEY;
         for b in [lo, hi] {
             if let Bound::Included(k) | Bound::Excluded(k) = b {
                 at_most(k.len(), max, |len, max| Error::KeyTooLarge { len, max })?;

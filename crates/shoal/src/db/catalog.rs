@@ -1,7 +1,6 @@
 //! The catalog: tables with their ids and names, and the registry by id that transactions
 //! borrow their tables from.
 
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use super::{Database, DbInner};
@@ -137,7 +136,7 @@ impl Database {
         }
         // A table takes a page at once (its root): refused at the memory limit like a write.
         if let Some(limit) = self.inner.opts.memory_limit {
-            let used = self.inner.page_bytes();
+            let used = self.inner.held_bytes();
             if used >= limit {
                 return Err(Error::MemoryLimit { used, limit });
             }
@@ -257,7 +256,7 @@ pub(super) fn new_table(
     id: TableId,
     name: &str,
     db_id: u64,
-    pages: &Arc<AtomicU64>,
+    pages: &Arc<crate::storage::page::PageCounts>,
     huge: bool,
 ) -> Table {
     Table {

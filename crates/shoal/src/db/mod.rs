@@ -55,7 +55,7 @@ pub(crate) struct DbInner {
     /// Ghost reclamation: the deferred two-phase-locking ghosts and the optimistic epochs.
     pub(crate) reclaim: Arc<crate::txn::reclaim::Reclaim>,
     /// Pages the tables hold (allocated and not freed), for [`Options::memory_limit`].
-    pub(crate) pages: Arc<AtomicU64>,
+    pub(crate) pages: Arc<crate::storage::page::PageCounts>,
     pub(crate) serial: Mutex<()>,
     pub(crate) tables: RwLock<HashMap<String, Table>>,
     /// The same tables by id, append-only: a transaction borrows its tables from here for the
@@ -179,6 +179,16 @@ impl DbInner {
     /// Bytes of the pages the tables hold (see [`Database::page_bytes`]).
     pub(crate) fn page_bytes(&self) -> u64 {
         self.pages
+            .in_use
+            .load(Ordering::Relaxed)
+            .saturating_mul(crate::storage::page::PAGE_SIZE as u64)
+    }
+
+    /// Bytes of the pages the tables hold, freed ones on their tables' free lists included
+    /// (a table keeps its freed pages for itself: another table's write takes new memory).
+    pub(crate) fn held_bytes(&self) -> u64 {
+        self.pages
+            .held
             .load(Ordering::Relaxed)
             .saturating_mul(crate::storage::page::PAGE_SIZE as u64)
     }
@@ -405,7 +415,10 @@ impl Database {
         opts: Options,
         id: u64,
         dir: Option<PathBuf>,
-        (tables, pages): (HashMap<String, Table>, Arc<AtomicU64>),
+        (tables, pages): (
+            HashMap<String, Table>,
+            Arc<crate::storage::page::PageCounts>,
+        ),
         log: Option<LogBuffer>,
         recovery: Option<RecoveryStats>,
         disk: Option<Disk>,

@@ -257,7 +257,9 @@ pub struct Options {
     /// it, or whose key and value would take them there, fails with
     /// [`Error::MemoryLimit`](crate::Error::MemoryLimit) (so does `create_table`), which is not
     /// retryable; reads and deletes go on, and writes succeed again once deletes have freed
-    /// pages. A soft limit: a transaction admitted under it may still split a page or two.
+    /// pages of the table written (a table keeps the pages it freed and only it reuses
+    /// them, so for other tables' writes they still count). A soft limit: a transaction
+    /// admitted under it may still split a page or two.
     /// Under OCC and Doppel, whose writes wait in the transaction until commit, a write
     /// also counts the transaction's earlier writes (their log bytes). Recovery is never
     /// refused (what was committed is replayed whatever the limit), so a

@@ -136,7 +136,7 @@ pub(super) fn recover(
     dir: &Path,
     log_dir: &Path,
     (db_id, huge): (u64, bool),
-    pages: &Arc<AtomicU64>,
+    pages: &Arc<crate::storage::page::PageCounts>,
 ) -> Result<(HashMap<String, Table>, RecoveryStats)> {
     let t0 = Instant::now();
     let mut by_id: BTreeMap<TableId, Table> = BTreeMap::new();

@@ -273,11 +273,16 @@ impl BTree {
         Self::build(PageStore::new(), leaf_cap, inner_cap)
     }
 
-    /// An empty tree ([`new`](Self::new)) that counts its pages in use in `in_use`, with the
-    /// other trees given the same counter (a database's tables, for its memory limit), its
-    /// pages on transparent huge pages when `huge` (see `Options::huge_pages`).
-    pub fn counted(in_use: std::sync::Arc<std::sync::atomic::AtomicU64>, huge: bool) -> Self {
-        Self::build(PageStore::counted(in_use, huge), usize::MAX, usize::MAX)
+    /// An empty tree ([`new`](Self::new)) that counts its pages in `counts`, with the other
+    /// trees given the same counts (a database's tables, for its memory limit), its pages on
+    /// transparent huge pages when `huge` (see `Options::huge_pages`).
+    pub fn counted(counts: std::sync::Arc<super::page::PageCounts>, huge: bool) -> Self {
+        Self::build(PageStore::counted(counts, huge), usize::MAX, usize::MAX)
+    }
+
+    /// Pages this tree freed and has not reused yet (on its store's free list).
+    pub fn free_pages(&self) -> usize {
+        self.store.pages_free()
     }
 
     fn build(store: PageStore, leaf_cap: usize, inner_cap: usize) -> Self {

@@ -327,12 +327,21 @@ impl Frame {
 /// Chunks of frames: chunk `k` holds `2^k` frames, pages `2^k - 1 .. 2^(k+1) - 1`.
 const CHUNKS: usize = 40;
 
+/// Page counts of the stores that share them (a database's tables, for its memory limit).
+#[derive(Debug, Default)]
+pub struct PageCounts {
+    /// Pages in use: allocated and not freed.
+    pub in_use: AtomicU64,
+    /// Pages held: in use, or freed and on their store's free list. A store keeps its
+    /// frames until it is dropped, and only it reuses the pages it freed.
+    pub held: AtomicU64,
+}
+
 /// The pages of one tree, all resident, with a free list.
 pub struct PageStore {
     chunks: [AtomicPtr<Frame>; CHUNKS],
-    /// Pages in use (allocated and not freed), counted with those of the other stores that
-    /// share the counter (a database's tables, for its memory limit).
-    in_use: Arc<AtomicU64>,
+    /// The counts this store shares with the other stores of its database.
+    counts: Arc<PageCounts>,
     /// Pages handed out so far (ids below are allocated or free), and the page up to which
     /// the prefaulter was asked to back memory (see [`prefault`]).
     next: Mutex<(PageId, PageId)>,
@@ -470,12 +479,12 @@ impl PageStore {
         Self::counted(Arc::default(), true)
     }
 
-    /// An empty store that counts its pages in use in `in_use` (shared with other stores),
-    /// with its memory on transparent huge pages when `huge` (see `advise_huge`) and on
-    /// small pages otherwise.
-    pub fn counted(in_use: Arc<AtomicU64>, huge: bool) -> Self {
+    /// An empty store that counts its pages in `counts` (shared with other stores), with
+    /// its memory on transparent huge pages when `huge` (see `advise_huge`) and on small
+    /// pages otherwise.
+    pub fn counted(counts: Arc<PageCounts>, huge: bool) -> Self {
         PageStore {
-            in_use,
+            counts,
             chunks: std::array::from_fn(|_| AtomicPtr::new(std::ptr::null_mut())),
             next: Mutex::new((0, 0)),
             free: Mutex::new(Vec::new()),
@@ -507,10 +516,11 @@ impl PageStore {
     /// A page for a new node or overflow page: a freed one if any, else a new one. Its
     /// contents are whatever it held before (the caller latches and rewrites it).
     pub fn alloc(&self) -> PageId {
-        self.in_use.fetch_add(1, AtomicOrdering::Relaxed);
+        self.counts.in_use.fetch_add(1, AtomicOrdering::Relaxed);
         if let Some(p) = self.free.lock().pop() {
             return p;
         }
+        self.counts.held.fetch_add(1, AtomicOrdering::Relaxed);
         let mut next = self.next.lock();
         let (pid, asked) = *next;
         let (k, _) = chunk_of(pid);
@@ -550,7 +560,7 @@ impl PageStore {
     /// still read it (and fail validation); it is reused by a later `alloc`.
     pub fn free(&self, pid: PageId) {
         self.free.lock().push(pid);
-        self.in_use.fetch_sub(1, AtomicOrdering::Relaxed);
+        self.counts.in_use.fetch_sub(1, AtomicOrdering::Relaxed);
     }
 
     /// Pages ever handed out (allocated or free now): no chain of pages is longer.
@@ -577,8 +587,12 @@ impl PageStore {
 
 impl Drop for PageStore {
     fn drop(&mut self) {
-        self.in_use
+        self.counts
+            .in_use
             .fetch_sub(self.pages_in_use() as u64, AtomicOrdering::Relaxed);
+        self.counts
+            .held
+            .fetch_sub(self.pages_made(), AtomicOrdering::Relaxed);
         for (k, c) in self.chunks.iter().enumerate() {
             let p = c.load(AtomicOrdering::Acquire);
             if p.is_null() {

@@ -488,7 +488,7 @@ impl<'db> Transaction<'db> {
     fn open_write(&mut self, table: &Table, key: &[u8]) -> Result<u16> {
         let slot = self.open(table, key)?;
         self.cx.check_key(key)?;
-        self.check_room(key.len())?;
+        self.check_room(table, key.len())?;
         Ok(slot)
     }
 
@@ -496,8 +496,11 @@ impl<'db> Transaction<'db> {
     /// Under OCC and Doppel the transaction's earlier writes wait in its write set until
     /// commit, so they count too (as their log bytes): counting the tables' pages alone, one
     /// transaction installed megabytes into a database limited to 256 KiB. So do the `adding`
-    /// bytes of this write (a 16 MiB value went into a database limited to 1 MiB).
-    fn check_room(&self, adding: usize) -> Result<()> {
+    /// bytes of this write (a 16 MiB value went into a database limited to 1 MiB), and the
+    /// pages other tables freed and keep for themselves (only `table`'s own freed pages
+    /// are room for it: filling one table, emptying it and filling another held twice the
+    /// limit).
+    fn check_room(&self, table: &Table, adding: usize) -> Result<()> {
         let inner = self.cx.inner();
         let Some(limit) = inner.opts.memory_limit else {
             return Ok(());
@@ -506,7 +509,12 @@ impl<'db> Transaction<'db> {
             ConcurrencyControl::Optimistic | ConcurrencyControl::Doppel => self.cx.redo_bytes.get(),
             _ => 0,
         };
-        let used = inner.page_bytes().saturating_add(pending);
+        let own_free = (table.inner.tree.free_pages() as u64)
+            .saturating_mul(crate::storage::page::PAGE_SIZE as u64);
+        let used = inner
+            .held_bytes()
+            .saturating_sub(own_free)
+            .saturating_add(pending);
         if used.saturating_add(adding as u64) >= limit {
             return Err(Error::MemoryLimit { used, limit });
         }
@@ -635,7 +643,7 @@ impl<'db> Transaction<'db> {
         self.cx.check_key(key)?;
         self.cx.check_value(w.value())?;
         let slot = self.cx.table_slot(table)?;
-        self.check_room(key.len() + w.value().len())?;
+        self.check_room(table, key.len() + w.value().len())?;
         dispatch!(&mut self.cc, p => p.write(&mut self.cx, slot, key, w))
     }
 

@@ -662,7 +662,10 @@ fn pages_one_table_freed_count_against_the_limit_for_another() {
     };
     let a = db.create_table("a").unwrap();
     let n = fill(&a);
-    assert!(n > 30, "{n} rows (each value on an overflow page) filled the limit");
+    assert!(
+        n > 30,
+        "{n} rows (each value on an overflow page) filled the limit"
+    );
     for i in 0..n {
         db.run(|tx| tx.delete(&a, i.to_be_bytes())).unwrap();
     }

@@ -475,19 +475,21 @@ impl<'db> Transaction<'db> {
         self.cx.age
     }
 
-    /// The common opening of a key operation: the transaction is active, the key valid, the
-    /// table this database's; returns the table's slot.
+    /// The common opening of a lookup (a read or a delete): the transaction is active, the
+    /// key one a lookup takes, the table this database's; returns the table's slot.
     fn open(&mut self, table: &Table, key: &[u8]) -> Result<u16> {
         self.cx.active()?;
         self.cx.check_lookup_key(key)?;
         self.cx.table_slot(table)
     }
 
-    /// [`open`](Self::open) for a write that may add to the tables: refused at the memory
-    /// limit ([`Options::memory_limit`](crate::Options::memory_limit)).
+    /// [`open`](Self::open) for a write that may add to the tables: the key within
+    /// `max_key_len`, refused at the memory limit
+    /// ([`Options::memory_limit`](crate::Options::memory_limit)).
     fn open_write(&mut self, table: &Table, key: &[u8]) -> Result<u16> {
-        let slot = self.open(table, key)?;
+        self.cx.active()?;
         self.cx.check_key(key)?;
+        let slot = self.cx.table_slot(table)?;
         self.check_room(table, key.len())?;
         Ok(slot)
     }

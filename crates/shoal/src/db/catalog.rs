@@ -135,12 +135,7 @@ impl Database {
             });
         }
         // A table takes a page at once (its root): refused at the memory limit like a write.
-        if let Some(limit) = self.inner.opts.memory_limit {
-            let used = self.inner.held_bytes();
-            if used >= limit {
-                return Err(Error::MemoryLimit { used, limit });
-            }
-        }
+        self.inner.check_memory(self.inner.held_bytes())?;
         // One past the highest id (ids are dense, but a recovered catalog is not trusted to
         // be: reusing an id would mix two tables' rows on the next recovery).
         let next = tables

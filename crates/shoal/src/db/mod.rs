@@ -184,6 +184,15 @@ impl DbInner {
             .saturating_mul(crate::storage::page::PAGE_SIZE as u64)
     }
 
+    /// Refuses a write (or a new table) that would find the tables' memory at `used` bytes
+    /// or more at [`Options::memory_limit`] (no limit: never).
+    pub(crate) fn check_memory(&self, used: u64) -> Result<()> {
+        match self.opts.memory_limit {
+            Some(limit) if used >= limit => Err(Error::MemoryLimit { used, limit }),
+            _ => Ok(()),
+        }
+    }
+
     /// Bytes of the pages the tables hold, freed ones on their tables' free lists included
     /// (a table keeps its freed pages for itself: another table's write takes new memory).
     pub(crate) fn held_bytes(&self) -> u64 {

@@ -504,9 +504,9 @@ impl<'db> Transaction<'db> {
     /// limit).
     fn check_room(&self, table: &Table, adding: usize) -> Result<()> {
         let inner = self.cx.inner();
-        let Some(limit) = inner.opts.memory_limit else {
+        if inner.opts.memory_limit.is_none() {
             return Ok(());
-        };
+        }
         let pending = match inner.opts.cc {
             ConcurrencyControl::Optimistic | ConcurrencyControl::Doppel => self.cx.redo_bytes.get(),
             _ => 0,
@@ -517,10 +517,7 @@ impl<'db> Transaction<'db> {
             .held_bytes()
             .saturating_sub(own_free)
             .saturating_add(pending);
-        if used.saturating_add(adding as u64) >= limit {
-            return Err(Error::MemoryLimit { used, limit });
-        }
-        Ok(())
+        inner.check_memory(used.saturating_add(adding as u64))
     }
 
     /// Reads the value of `key`, or `None` if absent. Takes SN on the key (held to commit), so

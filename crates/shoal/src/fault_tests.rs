@@ -4,7 +4,8 @@
 //! * **I/O errors.** A short workload (commits of several keys each, deletes, two checkpoints,
 //!   small log segments so that they rotate and are deleted) runs once to count its file
 //!   operations; then once per operation N with operation N failing (`EIO` once, or `ENOSPC`
-//!   from then on). Whatever the workload saw, the handle must then either refuse work or
+//!   from then on), and once per reading operation (read, list, open, lock) failing with
+//!   `EIO`; reopening is swept the same way, one failed read at a time. Whatever the workload saw, the handle must then either refuse work or
 //!   show exactly the commits that returned `Ok`; the error must name the file. Then the power
 //!   goes (unsynced writes torn at 512-byte sectors, unsynced creations, renames and removals
 //!   undone) and the database must reopen with every acknowledged commit, nothing partial,
@@ -180,8 +181,21 @@ struct Tally {
 fn inject_once(cfg: Config, n: u64, fault: Fault, seeds: &[u64], tally: &mut Tally) {
     let fs = MemFs::new();
     fs.fail_at(n, fault, fault == Fault::NoSpace);
-    let mut seen = Seen::default();
     let ctx = format!("{cfg:?}, {fault:?} at operation {n}");
+    check_injected(cfg, fs, ctx, seeds, tally);
+}
+
+/// [`inject_once`] for reading operation `n` failing (`EIO`, once).
+fn inject_read_once(cfg: Config, n: u64, seeds: &[u64], tally: &mut Tally) {
+    let fs = MemFs::new();
+    fs.fail_read_at(n);
+    let ctx = format!("{cfg:?}, EIO at reading operation {n}");
+    check_injected(cfg, fs, ctx, seeds, tally);
+}
+
+/// Runs the workload on `fs` (armed with a fault), then checks as [`inject_once`] says.
+fn check_injected(cfg: Config, fs: MemFs, ctx: String, seeds: &[u64], tally: &mut Tally) {
+    let mut seen = Seen::default();
     let db = catch_unwind(AssertUnwindSafe(|| workload(&fs, cfg, &mut seen)))
         .unwrap_or_else(|_| panic!("panic in the workload ({ctx})"));
     tally.runs += 1;
@@ -290,11 +304,14 @@ fn sweep(configs: &[Config], faults: &[Fault], seeds: &[u64]) -> Tally {
         assert!(seen.error.is_none(), "{cfg:?}: {:?}", seen.error);
         assert_eq!(seen.acked, COMMITS);
         // Flushes of asynchronous commits vary in number: sweep a little past the count.
-        let ops = fs.ops() + 8;
+        let (ops, reads) = (fs.ops() + 8, fs.reads() + 4);
         for n in 0..ops {
             for &fault in faults {
                 inject_once(cfg, n, fault, seeds, &mut tally);
             }
+        }
+        for n in 0..reads {
+            inject_read_once(cfg, n, seeds, &mut tally);
         }
     }
     tally
@@ -712,4 +729,73 @@ fn a_failed_first_open_with_a_separate_log_dir_does_not_lock_the_database_out() 
         }
     }
     assert!(failed > 0, "no injected fault made the first open fail");
+}
+
+/// A disk that cannot read: reopening a database (after a clean close, and after a crash
+/// with two checkpoints and several log segments behind it) while any one reading file
+/// operation fails (`read`, `list`, `open`, `lock`) either fails with an error naming the
+/// operation and the file, or opens with every commit; and the next open, with the disk
+/// reading again, has every commit. A failed read taken for "no such file", or a recovery
+/// that acted on what it had read before the failure (cutting a log it had not finished
+/// reading), would lose commits here.
+#[test]
+fn every_failed_read_while_reopening_is_an_error_or_harmless_never_a_loss() {
+    let (mut failed, mut tried) = (0, 0);
+    for cfg in all_configs() {
+        let fs = MemFs::new();
+        let mut seen = Seen::default();
+        let db = workload(&fs, cfg, &mut seen).expect("open");
+        assert!(seen.error.is_none(), "{cfg:?}: {:?}", seen.error);
+        let crashed = fs.snapshot();
+        drop(db);
+        let want = state_after(COMMITS);
+        for (how, base) in [("clean close", fs.snapshot()), ("crash", crashed)] {
+            // A clean reopen counts the reading operations.
+            let probe = base.snapshot();
+            let db = Database::open_on(Arc::new(probe.clone()), Path::new(DIR), cfg.options())
+                .unwrap_or_else(|e| panic!("reopen after a {how}: {e} ({cfg:?})"));
+            assert_eq!(read_all(&db).expect("read"), want, "{cfg:?}, {how}");
+            drop(db);
+            for n in 0..probe.reads() + 2 {
+                let ctx = format!("{cfg:?}, {how}, read {n} failing");
+                tried += 1;
+                let disk = base.snapshot();
+                disk.fail_read_at(n);
+                let opened = catch_unwind(AssertUnwindSafe(|| {
+                    Database::open_on(Arc::new(disk.clone()), Path::new(DIR), cfg.options())
+                }))
+                .unwrap_or_else(|_| panic!("panic opening ({ctx})"));
+                match opened {
+                    Ok(db) => {
+                        let s = read_all(&db).unwrap_or_else(|e| panic!("read: {e} ({ctx})"));
+                        assert_eq!(s, want, "opened without every commit ({ctx})");
+                    }
+                    Err(e) => {
+                        failed += 1;
+                        let what = disk.injected().unwrap_or_default();
+                        let (op, file) = what.split_once(' ').unwrap_or(("?", "?"));
+                        let msg = e.to_string();
+                        assert!(
+                            matches!(e, Error::Io { .. }) && msg.contains(op) && msg.contains(file),
+                            "error {msg:?} does not name {what:?} ({ctx})"
+                        );
+                    }
+                }
+                // The disk reads again: the next open has every commit.
+                disk.fail_read_at(u64::MAX);
+                let db = Database::open_on(Arc::new(disk.clone()), Path::new(DIR), cfg.options())
+                    .unwrap_or_else(|e| panic!("the open after the failed one: {e} ({ctx})"));
+                let s = read_all(&db).unwrap_or_else(|e| panic!("read again: {e} ({ctx})"));
+                assert_eq!(s, want, "commits lost by the failed open ({ctx})");
+            }
+        }
+    }
+    eprintln!(
+        "failed reads while reopening: {failed} opens refused, {ok} opened",
+        ok = tried - failed
+    );
+    assert!(
+        failed > 20,
+        "only {failed} opens failed: the faults did not reach recovery"
+    );
 }

@@ -91,6 +91,10 @@ struct State {
     ops: u64,
     fail: Option<(u64, Fault, bool)>,
     injected: Option<String>,
+    /// Reading operations so far (`read`, `list`, `open_write`, `lock_dir`).
+    reads: u64,
+    /// The reading operation to fail with `EIO`, if any.
+    fail_read: Option<u64>,
 }
 
 impl State {
@@ -107,6 +111,19 @@ impl State {
             }
             _ => Ok(()),
         }
+    }
+
+    /// Counts a reading operation and fails it (`EIO`) if it is the chosen one.
+    fn check_read(&mut self, op: &str, path: &Path) -> io::Result<()> {
+        let n = self.reads;
+        self.reads += 1;
+        if self.fail_read == Some(n) {
+            if self.injected.is_none() {
+                self.injected = Some(format!("{op} {}", path.display()));
+            }
+            return Err(Fault::Eio.error());
+        }
+        Ok(())
     }
 
     fn fault(&self) -> Option<Fault> {
@@ -159,6 +176,17 @@ impl MemFs {
     /// Mutating operations so far.
     pub(crate) fn ops(&self) -> u64 {
         self.st.lock().ops
+    }
+
+    /// Fails reading operation number `n` (from 0; `read`, `list`, `open_write` and
+    /// `lock_dir` count) with `EIO`, once: a disk that cannot read a sector.
+    pub(crate) fn fail_read_at(&self, n: u64) {
+        self.st.lock().fail_read = Some(n);
+    }
+
+    /// Reading operations so far.
+    pub(crate) fn reads(&self) -> u64 {
+        self.st.lock().reads
     }
 
     /// The operation and file of the first injected failure, if one happened.
@@ -441,6 +469,7 @@ impl Vfs for MemFs {
     fn lock_dir(&self, dir: &Path) -> io::Result<DirLock> {
         let mut st = self.st.lock();
         st.dir(dir)?;
+        st.check_read("lock", dir)?;
         if !st.locks.insert(dir.to_path_buf()) {
             return Err(io::Error::new(
                 io::ErrorKind::WouldBlock,
@@ -471,7 +500,12 @@ impl Vfs for MemFs {
     }
 
     fn open_write(&self, path: &Path) -> io::Result<Box<dyn VFile>> {
-        let ino = self.st.lock().lookup(path)?;
+        let ino = {
+            let mut st = self.st.lock();
+            let ino = st.lookup(path)?;
+            st.check_read("open", path)?;
+            ino
+        };
         Ok(Box::new(MemFile {
             st: Arc::clone(&self.st),
             ino,
@@ -482,11 +516,15 @@ impl Vfs for MemFs {
     fn read(&self, path: &Path) -> io::Result<Vec<u8>> {
         let mut st = self.st.lock();
         let ino = st.lookup(path)?;
+        st.check_read("read", path)?;
         Ok(st.inodes[ino].data.clone())
     }
 
     fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
-        Ok(self.st.lock().dir(dir)?.live.keys().cloned().collect())
+        let mut st = self.st.lock();
+        st.dir(dir)?;
+        st.check_read("list", dir)?;
+        Ok(st.dir(dir)?.live.keys().cloned().collect())
     }
 
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {

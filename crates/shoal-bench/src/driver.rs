@@ -125,7 +125,9 @@ pub struct TypeStats {
     /// Doppel: attempts stashed inside the measurement window (each re-run in the next
     /// joined phase; not aborts).
     pub stashed: u64,
-    /// Latency of committed transactions in the window, retries included, in nanoseconds.
+    /// Latency of the committed transactions that were in flight in the window (committed
+    /// in it, or begun in it and committed after it ended: at most one per worker), retries
+    /// included, in nanoseconds.
     pub latency_ns: Histogram<u64>,
 }
 
@@ -171,7 +173,8 @@ pub struct RunStats {
     pub aborts: [u64; 3],
     /// Actual length of the measurement window.
     pub measured: Duration,
-    /// Latency of committed transactions in the window, retries included, in nanoseconds.
+    /// Latency of the committed transactions that were in flight in the window (see
+    /// [`TypeStats::latency_ns`]), in nanoseconds.
     pub latency_ns: Histogram<u64>,
     /// Commits per thread in the whole run.
     pub per_thread: Vec<u64>,
@@ -390,6 +393,9 @@ fn worker<L: WorkerLoop>(
     'txns: while ctl.phase() != STOP {
         let (kind, start) = l.next();
         let kind = kind.min(out.per_type.len() - 1);
+        // Begun inside the window: its latency counts even if it commits after the stop (a
+        // transaction stuck in a wait at the window's end is the tail the figures are for).
+        let begun_measuring = ctl.phase() == MEASURE;
         let mut attempt = 0u32;
         loop {
             match l.attempt(start) {
@@ -435,14 +441,16 @@ fn worker<L: WorkerLoop>(
         out.total += 1;
         out.total_by_type[kind] += 1;
         ctl.commits[thread].0.fetch_add(1, Ordering::Relaxed);
+        let ns = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
         if ctl.phase() == MEASURE {
             let t = &mut out.per_type[kind];
             t.committed += 1;
-            let ns = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
             t.latency_ns.saturating_record(ns);
             if let Some(p) = &ctl.probe {
                 p.commit(thread, ns);
             }
+        } else if begun_measuring {
+            out.per_type[kind].latency_ns.saturating_record(ns);
         }
     }
     l.finish();
@@ -757,7 +765,8 @@ mod tests {
         assert!((st.committed.saturating_sub(2)..=st.committed + 2).contains(&st.aborts[2]));
         assert_eq!(st.aborts[..2], [0, 0]);
         assert!(st.rolled_back > 0);
-        assert_eq!(st.latency_ns.len(), st.committed);
+        // Each worker's transaction in flight at the stop counts in the latencies too.
+        assert!((st.committed..=st.committed + 2).contains(&st.latency_ns.len()));
         let names: Vec<&str> = st.per_type.iter().map(|t| t.name).collect();
         assert_eq!(names, ["even", "odd"]);
         assert!(st.per_type.iter().all(|t| t.committed > 0));
@@ -776,15 +785,18 @@ mod tests {
         }
     }
 
-    /// Transactions of a millisecond each; worker 1 takes `spawn` to prepare, and its first
-    /// transaction takes `block`.
+    /// Transactions of a millisecond each; worker 1 takes `spawn` to prepare, its first
+    /// transaction takes `block`, and the first it begins 20 ms after it opened takes `late`.
     struct Paced {
         spawn: Duration,
         block: Duration,
+        late: Duration,
     }
 
     struct PacedLoop {
         block: Duration,
+        late: Duration,
+        opened: Instant,
     }
 
     impl Adapter for Paced {
@@ -803,12 +815,11 @@ mod tests {
         }
 
         fn open(&self, _: (), thread: usize) -> Result<PacedLoop, String> {
+            let mine = |d: Duration| if thread == 1 { d } else { Duration::ZERO };
             Ok(PacedLoop {
-                block: if thread == 1 {
-                    self.block
-                } else {
-                    Duration::ZERO
-                },
+                block: mine(self.block),
+                late: mine(self.late),
+                opened: Instant::now(),
             })
         }
     }
@@ -819,7 +830,16 @@ mod tests {
         }
 
         fn attempt(&mut self, _start: Instant) -> Attempt {
-            std::thread::sleep(Duration::from_millis(1).max(std::mem::take(&mut self.block)));
+            let late = if self.opened.elapsed() >= Duration::from_millis(20) {
+                std::mem::take(&mut self.late)
+            } else {
+                Duration::ZERO
+            };
+            std::thread::sleep(
+                Duration::from_millis(1)
+                    .max(std::mem::take(&mut self.block))
+                    .max(late),
+            );
             Attempt::Committed
         }
 
@@ -837,6 +857,7 @@ mod tests {
         let p = Paced {
             spawn: Duration::from_millis(300),
             block: Duration::ZERO,
+            late: Duration::ZERO,
         };
         let st = measure(&window(), &p, 2, 7).unwrap().unwrap();
         let per_ms = st.committed as f64 / st.measured.as_secs_f64() / 1000.0;
@@ -876,6 +897,7 @@ mod tests {
         let p = Paced {
             spawn: Duration::ZERO,
             block: Duration::from_millis(400),
+            late: Duration::ZERO,
         };
         let win = Window {
             warmup: Duration::from_millis(50),
@@ -887,6 +909,23 @@ mod tests {
             assert!(cpu <= 2 * (st.measured + Duration::from_secs(1)));
         }
         assert!(st.per_thread[1] >= 1);
+    }
+
+    /// A transaction that begins in the window and is still running when it ends (here one
+    /// of 300 ms, begun some 20 ms into a 100 ms window) has its latency counted once it
+    /// commits: leaving out what was in flight at the stop dropped exactly the longest waits
+    /// (the tail of a run past the cores).
+    #[test]
+    fn a_transaction_in_flight_at_the_end_of_the_window_counts_in_the_latencies() {
+        let p = Paced {
+            spawn: Duration::ZERO,
+            block: Duration::ZERO,
+            late: Duration::from_millis(300),
+        };
+        let st = measure(&window(), &p, 2, 7).unwrap().unwrap();
+        let max = Duration::from_nanos(st.latency_ns.max());
+        assert!(max >= Duration::from_millis(300), "longest latency {max:?}");
+        assert!(st.latency_ns.len() <= st.committed + 2);
     }
 
     #[test]

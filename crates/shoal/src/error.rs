@@ -155,13 +155,17 @@ pub enum Error {
         key: String,
     },
     /// The transaction failed earlier (a deadlock, a timeout, a fatal error) and can only be
-    /// dropped or aborted now.
+    /// dropped or aborted now. It is retryable when that earlier failure was: code that
+    /// caught a [`Deadlock`](Error::Deadlock) and went on still has its transaction run
+    /// again by [`Database::run`](crate::Database::run).
     #[error("transaction {txn} is no longer active: an earlier operation failed with: {cause}")]
     TransactionAborted {
         /// The transaction.
         txn: u64,
         /// The earlier failure.
         cause: String,
+        /// The earlier failure was retryable ([`Error::is_retryable`]).
+        retryable: bool,
     },
     /// A transaction's writes outgrew what one commit record of the log can hold (the log
     /// buffer's size, at most 1 GiB). Every write counts, rewrites of a key too. Not
@@ -208,7 +212,7 @@ pub enum Error {
 
 impl Error {
     /// True for errors that a retry of the whole transaction may cure: `Conflict`,
-    /// `Deadlock`, `LockTimeout` and `Stashed`.
+    /// `Deadlock`, `LockTimeout` and `Stashed`, and `TransactionAborted` after one of them.
     ///
     /// ```
     /// use shoal::Error;
@@ -221,6 +225,10 @@ impl Error {
                 | Error::Deadlock { .. }
                 | Error::LockTimeout { .. }
                 | Error::Stashed { .. }
+                | Error::TransactionAborted {
+                    retryable: true,
+                    ..
+                }
         )
     }
 }

@@ -261,6 +261,37 @@ fn a_deadlock_victim_is_doomed_and_releases_its_locks() {
     assert_eq!((committed, victims), (1, 1), "{results:?}");
 }
 
+/// A closure that swallows a retryable error (here a lock timeout) and goes on still has its
+/// transaction run again by `Database::run`: the commit fails with a `TransactionAborted`
+/// that says the earlier failure was retryable.
+#[test]
+fn run_retries_a_transaction_whose_closure_swallowed_a_retryable_error() {
+    let db =
+        Database::in_memory_with(Options::default().with_lock_timeout(Duration::from_millis(50)));
+    let t = db.create_table("t").expect("create");
+    let mut blocker = Some(db.begin());
+    blocker
+        .as_mut()
+        .expect("blocker")
+        .put(&t, b"a", b"held")
+        .expect("lock");
+    let mut attempts = 0;
+    let mut swallowed = Vec::new();
+    db.run(|tx| {
+        attempts += 1;
+        if let Err(e) = tx.put(&t, b"a", b"mine") {
+            // The error is dropped on the floor; the blocker goes away.
+            swallowed.push(e.is_retryable());
+            drop(blocker.take());
+        }
+        Ok(())
+    })
+    .expect("run retries the doomed transaction");
+    assert_eq!((attempts, swallowed), (2, vec![true]));
+    let v = db.run(|tx| tx.get(&t, b"a")).expect("read");
+    assert_eq!(v.as_deref(), Some(&b"mine"[..]));
+}
+
 #[test]
 fn a_refused_table_lock_names_the_table() {
     use shoal::IntentLockKind;

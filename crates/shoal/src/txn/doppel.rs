@@ -64,7 +64,7 @@ impl DoppelTxn {
 
     fn stash(&mut self, cx: &mut Ctx<'_>, detail: String) -> Error {
         let e = Error::Stashed { txn: cx.id, detail };
-        cx.failed = Some(e.to_string());
+        cx.failed = Some((e.to_string(), e.is_retryable()));
         self.occ.clear();
         if let Some(rt) = cx.inner().doppel() {
             self.sw.clear();

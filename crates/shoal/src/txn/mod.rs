@@ -180,7 +180,8 @@ struct Ctx<'db> {
     /// The timestamp wait-die, wound-wait and the kill-young victim policy order by: the id,
     /// or the first attempt's id for a restart ([`Database::begin_retry`]).
     age: TxnId,
-    failed: Option<String>,
+    /// Why the transaction failed, and whether that failure was retryable.
+    failed: Option<(String, bool)>,
     /// Log bytes the writes so far would take (see `charge`).
     redo_bytes: Cell<u64>,
     /// The tables this transaction used, borrowed from the database's append-only registry
@@ -312,9 +313,10 @@ impl<'db> Ctx<'db> {
         }
         match &self.failed {
             None => Ok(()),
-            Some(cause) => Err(Error::TransactionAborted {
+            Some((cause, retryable)) => Err(Error::TransactionAborted {
                 txn: self.id,
                 cause: cause.clone(),
+                retryable: *retryable,
             }),
         }
     }

@@ -278,7 +278,7 @@ impl Occ {
     /// Ends the transaction with `e`: its writes are dropped, later operations and the
     /// commit fail with [`Error::TransactionAborted`].
     pub(super) fn doom(&mut self, cx: &mut Ctx<'_>, e: Error) -> Error {
-        cx.failed = Some(e.to_string());
+        cx.failed = Some((e.to_string(), e.is_retryable()));
         self.st.clear();
         e
     }
@@ -470,7 +470,7 @@ impl Occ {
                 Ok((_, e)) => end = Some(e),
                 Err(e) => {
                     unlock_all(&cx.tables, &mut st);
-                    cx.failed = Some(e.to_string());
+                    cx.failed = Some((e.to_string(), e.is_retryable()));
                     return Err(e);
                 }
             }

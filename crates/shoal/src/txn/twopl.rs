@@ -188,7 +188,7 @@ impl TwoPl {
 
     /// Rolls back, releases every lock and remembers why: later operations fail.
     pub(super) fn fail(&mut self, cx: &mut Ctx<'_>, err: &Error) {
-        cx.failed = Some(err.to_string());
+        cx.failed = Some((err.to_string(), err.is_retryable()));
         self.rollback(cx);
         self.release_all(cx);
     }

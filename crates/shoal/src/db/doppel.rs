@@ -12,6 +12,62 @@ use crate::lock::TableId;
 use crate::log::record::{LogRecord, Write as LogWrite};
 
 impl DbInner {
+    /// Logs (durably) the recovered values of `keys`, whose split ADDs recovery replayed
+    /// with no reconciliation after them (see `recovery::ExactAdds`): an after-image ends
+    /// their phase in the log, as the reconciliation record would have.
+    pub(super) fn log_recovered_adds(&self, keys: Vec<(TableId, Vec<u8>)>) -> Result<()> {
+        let Some(log) = &self.log else {
+            return Ok(());
+        };
+        let writes = keys
+            .into_iter()
+            .map(|(t, k)| {
+                let value = self.live_value(t, &k).flatten();
+                LogWrite {
+                    table: t,
+                    key: k,
+                    value,
+                }
+            })
+            .collect();
+        if let Some(end) = self.log_in_records(writes)? {
+            log.wait_durable(end)?;
+        }
+        Ok(())
+    }
+
+    /// Logs `writes` as commit records of their own (after-images of keys whose values the
+    /// log's earlier records already decide), as many as the record limit needs; returns
+    /// the end of the last one.
+    fn log_in_records(&self, writes: Vec<LogWrite>) -> Result<Option<u64>> {
+        let Some(log) = &self.log else {
+            return Ok(None);
+        };
+        let mut end = None;
+        let mut chunk = Vec::new();
+        let mut bytes = 0u64;
+        let mut flush = |chunk: &mut Vec<LogWrite>| -> Result<()> {
+            if !chunk.is_empty() {
+                let txn = self.next_txn.fetch_add(1, Ordering::Relaxed);
+                let writes = std::mem::take(chunk);
+                end = Some(log.insert(&LogRecord::Commit { txn, writes }.encode())?.1);
+            }
+            Ok(())
+        };
+        for w in writes {
+            // As `Ctx::charge` counts a write: 16 bytes besides its key and value.
+            let b = 16 + w.key.len() as u64 + w.value.as_ref().map_or(0, |v| v.len() as u64);
+            if bytes + b > self.record_limit {
+                flush(&mut chunk)?;
+                bytes = 0;
+            }
+            bytes += b;
+            chunk.push(w);
+        }
+        flush(&mut chunk)?;
+        Ok(end)
+    }
+
     /// The Doppel runtime, if this database runs Doppel.
     pub(crate) fn doppel(&self) -> Option<&Arc<crate::doppel::Doppel>> {
         self.doppel.as_ref().map(|d| &d.rt)
@@ -151,11 +207,9 @@ impl Store for DbInner {
     }
 
     fn log_commit(&self, writes: Vec<LogWrite>) {
-        if let Some(log) = &self.log {
-            let txn = self.next_txn.fetch_add(1, Ordering::Relaxed);
-            // A failed log insert leaves the operation records, which replay to the same
-            // values; the log reports its own failure to the next committer.
-            let _ = log.insert(&LogRecord::Commit { txn, writes }.encode());
-        }
+        // In records no larger than a commit's (one record of every reconciled key could
+        // outgrow the log buffer). A failed log insert leaves the operation records, which
+        // replay to the same values; the log reports its own failure to the next committer.
+        let _ = self.log_in_records(writes);
     }
 }

@@ -373,7 +373,8 @@ impl Database {
         checkpoint::remove_unfinished(&*vfs, dir)?;
         let db_id = NEXT_DB_ID.fetch_add(1, Ordering::Relaxed);
         let pages = Arc::default();
-        let (tables, stats) = recover(&*vfs, dir, &log_dir, (db_id, opts.huge_pages), &pages)?;
+        let (tables, stats, unreconciled) =
+            recover(&*vfs, dir, &log_dir, (db_id, opts.huge_pages), &pages)?;
         // Only now, so that an open that fails leaves the identity files as they were.
         claim.stamp(&*vfs)?;
         let log = if opts.log == LogMode::None {
@@ -412,6 +413,10 @@ impl Database {
                 record_limit,
             }),
         );
+        // Split ADDs replayed without their reconciliation were clamped once here, as
+        // reconciliation would have: log the values, so that the next recovery starts the
+        // next split phase's ADDs from them, not from the exact sum.
+        db.inner.log_recovered_adds(unreconciled)?;
         if let Some(every) = db.inner.opts.checkpoint_interval {
             if db.inner.log.is_some() {
                 db.spawn_checkpointer(every)?;

@@ -54,7 +54,19 @@ impl Redo {
 #[derive(Default)]
 pub(super) struct ExactAdds(rustc_hash::FxHashMap<TableId, rustc_hash::FxHashMap<Vec<u8>, i128>>);
 
+/// Keys whose split ADDs recovery replayed with no after-image after them.
+pub(super) type Unreconciled = Vec<(TableId, Vec<u8>)>;
+
 impl ExactAdds {
+    /// The keys whose split ADDs were replayed with no after-image after them: their split
+    /// phase was never reconciled in the log (a crash or a close in the middle of it).
+    pub(super) fn keys(self) -> Unreconciled {
+        self.0
+            .into_iter()
+            .flat_map(|(t, m)| m.into_keys().map(move |k| (t, k)))
+            .collect()
+    }
+
     /// [`Redo::after`], with a split ADD summed exactly on top of the key's earlier ones.
     pub(super) fn after(
         &mut self,
@@ -137,7 +149,7 @@ pub(super) fn recover(
     log_dir: &Path,
     (db_id, huge): (u64, bool),
     pages: &Arc<crate::storage::page::PageCounts>,
-) -> Result<(HashMap<String, Table>, RecoveryStats)> {
+) -> Result<(HashMap<String, Table>, RecoveryStats, Unreconciled)> {
     let t0 = Instant::now();
     let mut by_id: BTreeMap<TableId, Table> = BTreeMap::new();
     let mut stats = RecoveryStats::default();
@@ -226,7 +238,7 @@ pub(super) fn recover(
         .into_values()
         .map(|t| (t.inner.name.clone(), t))
         .collect();
-    Ok((tables, stats))
+    Ok((tables, stats, exact.keys()))
 }
 
 #[cfg(test)]

@@ -90,7 +90,8 @@ impl Delta {
     /// instead, which a split phase cannot see; an operation that fails here runs there.
     pub(crate) fn bounded_by(&self, max: usize) -> bool {
         match self {
-            Delta::Add(_) | Delta::Max(_) | Delta::Min(_) => true,
+            // An integer is 8 bytes, which a joined phase refuses when `max` is smaller.
+            Delta::Add(_) | Delta::Max(_) | Delta::Min(_) => 8 <= max,
             Delta::Oput(t) => TUPLE_HEADER.saturating_add(t.value.len()) <= max,
             Delta::TopK(k, ts) => ts.iter().all(|t| topk_bytes(*k, t.value.len()) <= max),
         }
@@ -182,6 +183,9 @@ impl Delta {
                 for t in ts {
                     topk_insert(&mut set, t.clone(), *k);
                 }
+                // A summary stands for at least one insert, and each leaves at most K: with
+                // K = 0 the summary itself is empty (its inserts kept nothing).
+                set.truncate(*k as usize);
                 encode_topk(&set)
             }
         })

@@ -799,3 +799,35 @@ fn every_failed_read_while_reopening_is_an_error_or_harmless_never_a_loss() {
         "only {failed} opens failed: the faults did not reach recovery"
     );
 }
+
+/// Under `Serial` a pipelined commit gives up the serial turn when its record is in the log
+/// buffer. A read-only transaction that reads its writes must not return them before they
+/// are durable: if the flush then fails, the commit fails and is rolled back.
+#[test]
+fn a_serial_reader_never_returns_a_pipelined_commit_whose_flush_fails() {
+    let fs = MemFs::new();
+    let opts = Options {
+        cc: ConcurrencyControl::Serial,
+        log: LogMode::Pipelined,
+        log_latency: Duration::from_millis(150),
+        ..Options::default()
+    };
+    let db = Database::open_on(Arc::new(fs.clone()), Path::new(DIR), opts).expect("open");
+    let t = db.create_table("t").expect("table");
+    db.run(|tx| tx.put(&t, "k", "old")).expect("commit");
+    db.flush().expect("flush");
+    // The next flush writes (op n), then its fsync (op n + 1) fails.
+    fs.fail_at(fs.ops() + 1, Fault::Eio, false);
+    let mut tx = db.begin();
+    tx.put(&t, "k", "new").expect("put");
+    let ticket = tx.commit_pipelined().expect("commit T1");
+    let read = db.run(|tx| tx.get(&t, "k"));
+    assert!(ticket.wait().is_err(), "T1's flush failed");
+    if let Ok(v) = read {
+        assert_eq!(
+            v.as_deref(),
+            Some(&b"old"[..]),
+            "a read-only transaction returned Ok with a write whose commit then failed"
+        );
+    }
+}

@@ -114,7 +114,11 @@ pub enum IntentLockKind {
 /// Early lock release (Athanassoulis et al. 2011; Kimura et al. 2012 §5).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Elr {
-    /// Strict: every lock is held until the commit is durable.
+    /// Strict: every lock is held until the commit is durable (an
+    /// [`LogMode::Async`](crate::LogMode::Async) commit, which returns before, releases its
+    /// locks once its record is logged and leaves its LSN as a tag on its exclusive ones: a
+    /// read-only transaction that is not `Async` itself and read its writes waits until they
+    /// are durable, as under `Sx`).
     #[default]
     Off,
     /// Shared locks are released at the commit request, exclusive ones when durable.

@@ -158,11 +158,29 @@ impl TwoPl {
         };
         let elr = inner.opts.elr;
         if self.undo.is_empty() {
-            // Read-only. Under safe SX-ELR it may have read data whose commit is not durable
-            // yet: it must not return before that commit is (Kimura §5.3, Algorithm 7).
+            // Read-only. It may have read data whose commit is not durable yet: it must not
+            // return before that commit is (Kimura §5.3, Algorithm 7). Under 2PL such a
+            // commit released its exclusive locks early (SX-ELR, or an `Async` commit) and
+            // left its LSN as a tag on them; under `Serial` (no locks) a pipelined or
+            // asynchronous commit gave up the serial turn before it was durable, and
+            // everything this transaction could have read was logged below `released`.
             self.release_all(cx);
-            if elr == Elr::Sx && self.max_tag > log.durable() {
-                crate::admission::commit_wait(log, self.max_tag, false)?;
+            let seen = if self.locking {
+                self.max_tag
+            } else {
+                log.released()
+            };
+            // Under SX-ELR even an `Async` reader waits (what it read may have been released
+            // by a `Sync` commit whose caller has not returned yet); without ELR, or under
+            // `Serial` (no locks to release early), an `Async` reader asked for no
+            // durability and waits for none.
+            let wait = match elr {
+                Elr::SxUnsafe => false,
+                Elr::Sx if self.locking => true,
+                _ => mode != LogMode::Async,
+            };
+            if wait && seen > log.durable() {
+                crate::admission::commit_wait(log, seen, false)?;
             }
             return Ok(CommitTicket::done());
         }
@@ -210,7 +228,9 @@ impl TwoPl {
                 r.map(|()| CommitTicket::done())
             }
             LogMode::Async | LogMode::None => {
-                self.release_all(cx);
+                // Released before the commit is durable: leave its LSN on the exclusive
+                // locks (as SX-ELR does) for readers that must wait for it.
+                self.release_all_tagged(cx, end);
                 Ok(CommitTicket::done())
             }
             LogMode::Pipelined => {

@@ -79,7 +79,7 @@ pub(super) struct TwoPl {
     pub(super) ghosts: Vec<(u16, Box<[u8]>)>,
     /// Highest early-lock-release tag (a commit LSN) seen on a lock this transaction took.
     pub(super) max_tag: u64,
-    /// Safe SX-ELR is on: collect tags.
+    /// Collect tags: a log, and not unsafe SX-ELR (under which nothing waits for them).
     track_tags: bool,
     /// The leaf of each table's last access, by table slot: a get followed by an update of
     /// the same key, or an insert after the lookup that found its key absent, skips the
@@ -161,7 +161,9 @@ impl TwoPl {
             undo: Vec::new(),
             ghosts: Vec::new(),
             max_tag: 0,
-            track_tags: locking && inner.opts.elr == crate::db::Elr::Sx && inner.log.is_some(),
+            track_tags: locking
+                && inner.opts.elr != crate::db::Elr::SxUnsafe
+                && inner.log.is_some(),
             hints: Vec::new(),
         }
     }

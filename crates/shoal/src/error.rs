@@ -81,7 +81,7 @@ pub enum Error {
     KeyTooLarge {
         /// Length of the offending key.
         len: usize,
-        /// The configured limit.
+        /// The limit: `max_key_len` for a write, 4096 for a lookup or a scan bound.
         max: usize,
     },
     /// A value was longer than [`Options::max_value_len`](crate::Options::max_value_len).
@@ -120,7 +120,8 @@ pub enum Error {
         /// The name asked for.
         name: String,
     },
-    /// A table name was empty, too long (over 255 bytes) or contained a control character.
+    /// A table name was empty, too long (over 255 bytes) or contained a control character, or
+    /// the database holds as many tables as it can (65,535).
     #[error("invalid table name {name:?}: {reason}")]
     InvalidTableName {
         /// The name given.

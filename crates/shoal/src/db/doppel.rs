@@ -125,6 +125,14 @@ impl Database {
         if key.is_empty() {
             return Err(Error::EmptyKey);
         }
+        // A hint serves blind writes, which refuse keys over `max_key_len`.
+        let max = self.inner.opts.max_key_len;
+        if key.len() > max {
+            return Err(Error::KeyTooLarge {
+                len: key.len(),
+                max,
+            });
+        }
         let Some(d) = &self.inner.doppel else {
             return Err(Error::Unsupported(
                 "split hints need ConcurrencyControl::Doppel".into(),

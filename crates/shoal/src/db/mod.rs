@@ -281,7 +281,8 @@ impl Database {
     /// # Panics
     ///
     /// On options [`try_in_memory_with`](Self::try_in_memory_with) refuses (a victim rule
-    /// with a deadlock policy that does not use it).
+    /// with a deadlock policy that does not use it, a `max_key_len` over 4096, more than
+    /// 65,536 admission or Doppel slots).
     pub fn in_memory_with(opts: Options) -> Database {
         match Self::try_in_memory_with(opts) {
             Ok(db) => db,

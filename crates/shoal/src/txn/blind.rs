@@ -12,6 +12,9 @@ impl Transaction<'_> {
     /// this split phase, otherwise as a read-modify-write under the current protocol.
     fn blind(&mut self, table: &Table, key: &[u8], delta: Delta) -> Result<()> {
         let slot = self.open_write(table, key)?;
+        // What it may add (a tuple's payload, a top-K entry) counts against the memory
+        // limit, as `put`'s value does.
+        self.check_room(table, key.len() + delta.encoded_len())?;
         dispatch!(&mut self.cc, p => p.blind(&mut self.cx, slot, key, delta))
     }
 

@@ -114,12 +114,16 @@ impl Transaction<'_> {
     ) -> Result<usize> {
         let key = key.as_ref();
         let slot = self.open_write(table, key)?;
-        let max = self.cx.inner().opts.max_value_len;
+        let inner = self.cx.inner();
+        let max = inner.opts.max_value_len;
+        let pending = self.pending_bytes();
         let f = |cur: Option<&[u8]>| {
             let v = f(cur);
             if v.len() > max {
                 return Err(Error::ValueTooLarge { len: v.len(), max });
             }
+            // The new value counts against the memory limit, as `put`'s does.
+            super::room(inner, table, pending, key.len() + v.len())?;
             Ok(v)
         };
         dispatch!(&mut self.cc, p => p.update(&mut self.cx, slot, key, f))

@@ -505,21 +505,15 @@ impl<'db> Transaction<'db> {
     /// are room for it: filling one table, emptying it and filling another held twice the
     /// limit).
     fn check_room(&self, table: &Table, adding: usize) -> Result<()> {
-        let inner = self.cx.inner();
-        if inner.opts.memory_limit.is_none() {
-            return Ok(());
-        }
-        let pending = match inner.opts.cc {
+        room(self.cx.inner(), table, self.pending_bytes(), adding)
+    }
+
+    /// The bytes of buffered writes [`check_room`](Self::check_room) counts (OCC and Doppel).
+    fn pending_bytes(&self) -> u64 {
+        match self.cx.inner().opts.cc {
             ConcurrencyControl::Optimistic | ConcurrencyControl::Doppel => self.cx.redo_bytes.get(),
             _ => 0,
-        };
-        let own_free = (table.inner.tree.free_pages() as u64)
-            .saturating_mul(crate::storage::page::PAGE_SIZE as u64);
-        let used = inner
-            .held_bytes()
-            .saturating_sub(own_free)
-            .saturating_add(pending);
-        inner.check_memory(used.saturating_add(adding as u64))
+        }
     }
 
     /// Reads the value of `key`, or `None` if absent. Takes SN on the key (held to commit), so
@@ -937,7 +931,9 @@ impl<'db> Transaction<'db> {
     }
 
     /// Chooses how this transaction's commit is acknowledged, overriding
-    /// [`Options::log`](crate::Options::log). Ignored when the database has no log.
+    /// [`Options::log`](crate::Options::log). Ignored when the database has no log, and
+    /// `LogMode::None` is ignored on a database that has one (every commit of a logged
+    /// database is logged: recovery replays the log in order).
     ///
     /// ```
     /// # fn main() -> shoal::Result<()> {
@@ -1009,6 +1005,21 @@ impl std::fmt::Debug for Transaction<'_> {
             .field("failed", &self.cx.failed)
             .finish()
     }
+}
+
+/// [`Transaction::check_room`] with its parts given, for a check made where the transaction
+/// is borrowed (inside an `update` function, once the new value's length is known).
+fn room(inner: &DbInner, table: &Table, pending: u64, adding: usize) -> Result<()> {
+    if inner.opts.memory_limit.is_none() {
+        return Ok(());
+    }
+    let own_free = (table.inner.tree.free_pages() as u64)
+        .saturating_mul(crate::storage::page::PAGE_SIZE as u64);
+    let used = inner
+        .held_bytes()
+        .saturating_sub(own_free)
+        .saturating_add(pending);
+    inner.check_memory(used.saturating_add(adding as u64))
 }
 
 fn as_ref_bound(b: &Bound<Vec<u8>>) -> Bound<&[u8]> {

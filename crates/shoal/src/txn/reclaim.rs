@@ -211,10 +211,22 @@ impl Reclaim {
             let retry: Vec<Deferred> = {
                 let mut q = self.deferred.lock();
                 // Oldest first; stop at a delete not yet durable (those behind it came later).
+                // A ghost that only waited for its delete to be durable is tried once in that
+                // state, so all of them are taken (each was listed once, by one release); only
+                // the retries of busy locks are limited per release. With a limit on both, a
+                // transaction that deletes more keys than the limit listed more ghosts than
+                // the releases took off, and the list (and the index) grew for ever.
                 let mut r = Vec::new();
-                while r.len() < RETRY_PER_RELEASE
-                    && q.front().is_some_and(|g| g.lsn == 0 || g.lsn <= durable())
-                {
+                let mut retries = 0;
+                while let Some(g) = q.front() {
+                    if g.lsn == 0 {
+                        if retries == RETRY_PER_RELEASE {
+                            break;
+                        }
+                        retries += 1;
+                    } else if g.lsn > durable() {
+                        break;
+                    }
                     r.extend(q.pop_front());
                 }
                 self.deferred_len.store(q.len(), SeqCst);

@@ -107,7 +107,12 @@ pub(super) fn undo_writes(
         let table: &Table = tables[u.table as usize].borrow();
         let mut ghost = false;
         table.inner.tree.update(&u.key, |rec| match u.before {
-            Some(r) => *rec = Some(r),
+            // A ghost this transaction had revived is a ghost again: its deleter's entry may
+            // have been dropped while the key was live, so list it here too.
+            Some(r) => {
+                ghost = r.ghost;
+                *rec = Some(r);
+            }
             None => {
                 if let Some(r) = rec.as_mut() {
                     r.ghost = true;

@@ -52,13 +52,19 @@ impl LatchFreeLockTable {
     /// list): marks its `next` (so nothing is appended after it or unlinked through it any
     /// more), then unlinks it with a CAS on `link`, and the thread whose CAS succeeds retires
     /// it.
+    ///
+    /// Takes the head as a raw pointer, not a reference: `retire_head` may free it at once
+    /// (reclaimed immediately, and the slot's pool is full), and a reference parameter must
+    /// stay valid until the function returns.
     pub(super) fn unlink_dead(
         &self,
         g: &Guard<'_>,
         link: &AtomicPtr<LockHead>,
         cur: *mut LockHead,
-        h: &LockHead,
     ) -> Step {
+        // SAFETY: reached from the bucket while pinned: not freed before we unpin, or before
+        // the `retire_head` below (after which `h` is not used).
+        let h = unsafe { &*cur };
         if !h.is_dead() {
             return Step::Next;
         }
@@ -73,7 +79,8 @@ impl LatchFreeLockTable {
             .compare_exchange(cur, unmarked(next), SeqCst, SeqCst)
             .is_ok()
         {
-            self.retire_head(g, cur, self.bucket_of(h.hash));
+            let b = self.bucket_of(h.hash);
+            self.retire_head(g, cur, b);
             Step::Reload
         } else {
             Step::Restart
@@ -121,7 +128,7 @@ impl LatchFreeLockTable {
                 }
                 // SAFETY: reached from the bucket while pinned: not freed before we unpin.
                 let h = unsafe { &*cur };
-                match self.unlink_dead(g, link, cur, h) {
+                match self.unlink_dead(g, link, cur) {
                     Step::Next => {}
                     Step::Reload => continue,
                     Step::Restart => continue 'restart,
@@ -180,7 +187,7 @@ impl LatchFreeLockTable {
                 }
                 // SAFETY: reached from the bucket while pinned: not freed before we unpin.
                 let h = unsafe { &*cur };
-                match self.unlink_dead(g, link, cur, h) {
+                match self.unlink_dead(g, link, cur) {
                     Step::Next => {}
                     Step::Reload => continue,
                     Step::Restart => continue 'restart,

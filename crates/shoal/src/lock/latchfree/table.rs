@@ -401,7 +401,14 @@ impl LockTable for LatchFreeLockTable {
                         // Released since the lookup (from another thread: a misuse).
                         continue;
                     }
-                    debug_assert!(s & WAITING == 0, "one lock call per transaction at a time");
+                    if s & (WAITING | TENTATIVE) != 0 {
+                        // Another thread of this transaction is inside `acquire` with this
+                        // entry (a misuse: one lock call per transaction at a time), and may
+                        // be parked unpinned holding it. Taking it over would let this thread
+                        // end the wait and release the entry, which is then unlinked and
+                        // reclaimed under the parked thread (a use after free when it wakes).
+                        return Err(LockFailure::WouldBlock);
+                    }
                     let held = granted_of(s);
                     if held.covers(mode) {
                         return Ok(held);
@@ -493,10 +500,13 @@ impl LockTable for LatchFreeLockTable {
                     }
                 }
                 if let Verdict::Grant = verdict {
-                    entry.state.store(pack(target, target, 0), SeqCst);
+                    // Unregister before the grant is final: a granted entry may be released
+                    // (from another thread, a misuse) and unlinked at once, and the registry
+                    // must never hold an entry that can become obsolete.
                     if let Some(i) = registered {
                         self.waiting[i].store(ptr::null_mut(), SeqCst);
                     }
+                    entry.state.store(pack(target, target, 0), SeqCst);
                     return Ok(target);
                 }
                 // Back off; others may have blocked on our tentative mode: wake them. Then

@@ -154,6 +154,28 @@ fn split_topk_zero_empties_the_set_as_a_joined_insert_does() {
     assert!(got.is_empty(), "after split K=0 inserts: {got:?}");
 }
 
+/// The stress's hot counters ("a" counts commits, "m" holds the largest id) and its unique
+/// rows equal what the workers saw acknowledged.
+fn check_counters(
+    db: &Database,
+    t: &Table,
+    want: u64,
+    maxv: &std::sync::atomic::AtomicU64,
+    when: &str,
+) {
+    let (a, m, n) = db
+        .run(|tx| {
+            Ok((
+                tx.get_i64(t, "a")?,
+                tx.get_i64(t, "m")?,
+                tx.scan(t, "u".."v")?.len() as u64,
+            ))
+        })
+        .unwrap();
+    let max = maxv.load(std::sync::atomic::Ordering::Relaxed) as i64;
+    assert_eq!((a, m, n), (Some(want as i64), Some(max), want), "{when}");
+}
+
 /// Stress: split ADDs and MAXes on hot keys, reads of them (stashed), unique inserts per
 /// commit, hints flipping between operations, background checkpoints; then a reopen. The
 /// hot counters must equal the number of acknowledged commits, live and recovered.
@@ -235,25 +257,7 @@ fn stress_phase_changes_with_checkpoints_and_reopen() {
             assert!(Instant::now() < deadline);
             std::thread::sleep(Duration::from_millis(2));
         }
-        let (a, m, n) = db
-            .run(|tx| {
-                Ok((
-                    tx.get_i64(&t, "a")?,
-                    tx.get_i64(&t, "m")?,
-                    tx.scan(&t, "u".."v")?.len() as u64,
-                ))
-            })
-            .unwrap();
-        let want = acked.load(Ordering::Relaxed);
-        assert_eq!(
-            (a, m, n),
-            (
-                Some(want as i64),
-                Some(maxv.load(Ordering::Relaxed) as i64),
-                want
-            ),
-            "live"
-        );
+        check_counters(&db, &t, acked.load(Ordering::Relaxed), &maxv, "live");
         // Then a split phase cut short by the drop.
         db.split_hint(&t, "a", SplitOp::Add).unwrap();
         let mut tx = begin_split(&db);
@@ -268,25 +272,8 @@ fn stress_phase_changes_with_checkpoints_and_reopen() {
     }
     let db = Database::open(dir.path(), opts).unwrap();
     let t = db.table("t").unwrap();
-    let (a, m, n) = db
-        .run(|tx| {
-            Ok((
-                tx.get_i64(&t, "a")?,
-                tx.get_i64(&t, "m")?,
-                tx.scan(&t, "u".."v")?.len() as u64,
-            ))
-        })
-        .unwrap();
     let want = acked.load(Ordering::Relaxed);
-    assert_eq!(
-        (a, m, n),
-        (
-            Some(want as i64),
-            Some(maxv.load(Ordering::Relaxed) as i64),
-            want
-        ),
-        "recovered"
-    );
+    check_counters(&db, &t, want, &maxv, "recovered");
     // Every reader saw a value of "a" no larger than the final one.
     let rs = db.run(|tx| tx.scan(&t, "r".."s")).unwrap();
     assert!(rs

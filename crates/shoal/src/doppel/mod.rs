@@ -313,12 +313,15 @@ impl Drop for StashMark {
 }
 
 fn active_count(db: u64) -> u32 {
-    ACTIVE.with(|a| {
-        a.borrow()
-            .iter()
-            .find(|(d, _)| *d == db)
-            .map_or(0, |(_, n)| *n)
-    })
+    // A thread being torn down counts none, as `active_add` records none.
+    ACTIVE
+        .try_with(|a| {
+            a.borrow()
+                .iter()
+                .find(|(d, _)| *d == db)
+                .map_or(0, |(_, n)| *n)
+        })
+        .unwrap_or(0)
 }
 
 fn active_add(db: u64, delta: i32) {
@@ -505,7 +508,11 @@ impl Doppel {
         let mark = if nested {
             None
         } else {
-            STASHED.with(|s| s.borrow().iter().find(|m| m.db == self.db).map(|m| m.epoch))
+            // A thread being torn down keeps no marks (see `stash`).
+            STASHED
+                .try_with(|s| s.borrow().iter().find(|m| m.db == self.db).map(|m| m.epoch))
+                .ok()
+                .flatten()
         };
         let w = loop {
             let w = self.word.load(Ordering::SeqCst);
@@ -528,7 +535,7 @@ impl Doppel {
         if mark.is_some() {
             // The re-run has begun in a joined phase: the mark goes (and with it the pending
             // count the coordinator waits for).
-            STASHED.with(|s| s.borrow_mut().retain(|m| m.db != self.db));
+            let _ = STASHED.try_with(|s| s.borrow_mut().retain(|m| m.db != self.db));
         }
         active_add(self.db, 1);
         let every = self.opts.sample_every.max(1);
@@ -564,7 +571,9 @@ impl Doppel {
                 Ordering::Relaxed,
             );
         }
-        STASHED.with(|s| {
+        // A thread being torn down keeps no mark: its re-run is stashed again until a
+        // joined phase.
+        let _ = STASHED.try_with(|s| {
             let mut s = s.borrow_mut();
             match s.iter_mut().find(|m| m.db == self.db) {
                 Some(m) => m.epoch = m.epoch.max(epoch),

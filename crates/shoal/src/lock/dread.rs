@@ -152,12 +152,18 @@ pub fn age_of(txn: TxnId) -> TxnId {
 /// durable yet. The transaction layer raises it at a pipelined commit and lowers it (from the
 /// flush daemon, through this handle) when the commit is durable.
 pub fn pipeline_handle() -> Arc<AtomicU64> {
-    PIPELINE.with(Arc::clone)
+    // A thread being torn down gets a counter of its own: only its commit and the flush
+    // daemon use it.
+    PIPELINE
+        .try_with(Arc::clone)
+        .unwrap_or_else(|_| Arc::new(AtomicU64::new(0)))
 }
 
 /// The length of this thread's flush pipeline (see [`pipeline_handle`]).
 pub fn pipeline_len() -> u64 {
-    PIPELINE.with(|p| p.load(Ordering::Acquire))
+    PIPELINE
+        .try_with(|p| p.load(Ordering::Acquire))
+        .unwrap_or(0)
 }
 
 /// The packed fingerprint (three 10-bit positions) of transaction `txn`: a hash of its id.

@@ -487,7 +487,8 @@ impl BTree {
     ) -> (R, LeafHint) {
         let p = Probe::new(key);
         let mut rec = Record {
-            value: SCRATCH.with(Cell::take),
+            // `try_with`: a thread being torn down has no buffer to lend.
+            value: SCRATCH.try_with(Cell::take).unwrap_or_default(),
             ghost: false,
             tid: 0,
         };
@@ -526,7 +527,7 @@ impl BTree {
         rec.tid = c.tid;
         let r = f(c.found.then_some(&mut rec));
         if rec.value.capacity() <= PAGE_SIZE {
-            SCRATCH.with(|s| s.set(rec.value));
+            let _ = SCRATCH.try_with(|s| s.set(rec.value));
         }
         (r, self.hint_at(pid, at))
     }

@@ -622,38 +622,46 @@ impl<'a> Node<'a> {
         thread_local! {
             static SNAP: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
         }
-        SNAP.with(|snap| {
-            let mut snap = snap.borrow_mut();
-            snap.clear();
-            snap.extend((0..PAGE_WORDS).map(|w| self.0.load(w)));
-            let mut start = PAGE_SIZE;
-            // Moves `bytes` (a multiple of 8) of data from byte offset `from` to just below
-            // `start`; returns the new offset.
-            let mut place = |from: usize, bytes: usize| -> usize {
-                start -= bytes;
-                let (src, dst) = (from / 8, start / 8);
-                for k in 0..bytes / 8 {
-                    self.0
-                        .store(dst + k, snap.get(src + k).copied().unwrap_or(0));
-                }
-                start
-            };
-            for w in [W_LOW, W_HIGH] {
-                let f = snap[w];
-                if f & PRESENT != 0 {
-                    let len = ((f >> 32) & 0xffff) as usize;
-                    let at = place((f & 0xffff_ffff) as usize, pad8(len));
-                    self.0.store(w, PRESENT | ((len as u64) << 32) | at as u64);
-                }
+        // A thread being torn down has no buffer to lend: it uses a fresh one.
+        if SNAP
+            .try_with(|snap| self.compact_via(&mut snap.borrow_mut()))
+            .is_err()
+        {
+            self.compact_via(&mut Vec::new());
+        }
+    }
+
+    /// [`compact`](Self::compact) with `snap` as its copy of the data area.
+    fn compact_via(&self, snap: &mut Vec<u64>) {
+        snap.clear();
+        snap.extend((0..PAGE_WORDS).map(|w| self.0.load(w)));
+        let mut start = PAGE_SIZE;
+        // Moves `bytes` (a multiple of 8) of data from byte offset `from` to just below
+        // `start`; returns the new offset.
+        let mut place = |from: usize, bytes: usize| -> usize {
+            start -= bytes;
+            let (src, dst) = (from / 8, start / 8);
+            for k in 0..bytes / 8 {
+                self.0
+                    .store(dst + k, snap.get(src + k).copied().unwrap_or(0));
             }
-            for i in 0..self.count() {
-                let mw = HDR_WORDS + SLOT_WORDS * i + 2;
-                let m = Meta::decode(snap[mw]);
-                let at = place(m.off, m.data_bytes());
-                self.0.store(mw, Meta { off: at, ..m }.encode());
+            start
+        };
+        for w in [W_LOW, W_HIGH] {
+            let f = snap[w];
+            if f & PRESENT != 0 {
+                let len = ((f >> 32) & 0xffff) as usize;
+                let at = place((f & 0xffff_ffff) as usize, pad8(len));
+                self.0.store(w, PRESENT | ((len as u64) << 32) | at as u64);
             }
-            self.set_data(start, PAGE_SIZE - start);
-        });
+        }
+        for i in 0..self.count() {
+            let mw = HDR_WORDS + SLOT_WORDS * i + 2;
+            let m = Meta::decode(snap[mw]);
+            let at = place(m.off, m.data_bytes());
+            self.0.store(mw, Meta { off: at, ..m }.encode());
+        }
+        self.set_data(start, PAGE_SIZE - start);
     }
 
     /// Inserts an entry at slot `i` if it fits (compacting the page if that makes room);

@@ -8,3 +8,5 @@ pub(crate) mod checkpoint;
 mod group_tests;
 pub mod record;
 pub(crate) mod segment;
+#[cfg(test)]
+mod log_review;

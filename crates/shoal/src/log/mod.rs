@@ -9,4 +9,4 @@ mod group_tests;
 pub mod record;
 pub(crate) mod segment;
 #[cfg(test)]
-mod log_review;
+mod stress_tests;

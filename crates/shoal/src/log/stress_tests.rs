@@ -1,4 +1,4 @@
-//! Review probes of the log under concurrency (ring wrap, rotation, power loss).
+//! Stress tests of the log under concurrency: ring wrap, segment rotation, failed I/O and checkpoints, with power-loss images.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
@@ -57,10 +57,26 @@ fn replay_all(fs: &MemFs) -> (Vec<(u64, LogRecord)>, u64) {
 
 #[test]
 fn concurrent_inserts_of_odd_sizes_wrap_and_rotate_and_replay_in_order() {
-    for policy in [FlushPolicy::Eager, FlushPolicy::Periodic(Duration::from_millis(1))] {
+    for policy in [
+        FlushPolicy::Eager,
+        FlushPolicy::Periodic(Duration::from_millis(1)),
+    ] {
         let fs = MemFs::new();
         let log = Arc::new(start(&fs, 5000, policy));
-        let sizes = [42usize, 43, 100, 511, 512, 513, 4096, CAP / 2, CAP / 2 + 1, CAP - 1, CAP, 7777];
+        let sizes = [
+            42usize,
+            43,
+            100,
+            511,
+            512,
+            513,
+            4096,
+            CAP / 2,
+            CAP / 2 + 1,
+            CAP - 1,
+            CAP,
+            7777,
+        ];
         let stop = Arc::new(AtomicBool::new(false));
         // A checker: durable D, then a power loss, must replay at least up to D.
         let checker = {
@@ -101,7 +117,8 @@ fn concurrent_inserts_of_odd_sizes_wrap_and_rotate_and_replay_in_order() {
                 })
             })
             .collect();
-        let mut all: Vec<(u64, LogRecord)> = hs.into_iter().flat_map(|h| h.join().unwrap()).collect();
+        let mut all: Vec<(u64, LogRecord)> =
+            hs.into_iter().flat_map(|h| h.join().unwrap()).collect();
         stop.store(true, SeqCst);
         let _ = checker.join().unwrap();
         all.sort_by_key(|x| x.0);
@@ -109,7 +126,10 @@ fn concurrent_inserts_of_odd_sizes_wrap_and_rotate_and_replay_in_order() {
         log.wait_durable(end).unwrap();
         drop(log);
         let (got, _) = replay_all(&fs.snapshot());
-        let got: Vec<_> = got.into_iter().filter(|(_, r)| !matches!(r, LogRecord::Close)).collect();
+        let got: Vec<_> = got
+            .into_iter()
+            .filter(|(_, r)| !matches!(r, LogRecord::Close))
+            .collect();
         assert_eq!(got.len(), all.len());
         for (g, w) in got.iter().zip(&all) {
             assert_eq!(g.0, w.0);
@@ -252,7 +272,11 @@ mod ckpt_level {
         for (cc, log, elr) in [
             (ConcurrencyControl::TwoPhaseLocking, LogMode::Sync, Elr::Off),
             (ConcurrencyControl::TwoPhaseLocking, LogMode::Sync, Elr::Sx),
-            (ConcurrencyControl::TwoPhaseLocking, LogMode::Pipelined, Elr::Off),
+            (
+                ConcurrencyControl::TwoPhaseLocking,
+                LogMode::Pipelined,
+                Elr::Off,
+            ),
             (ConcurrencyControl::Optimistic, LogMode::Sync, Elr::Off),
         ] {
             let fs = MemFs::new();
@@ -281,7 +305,9 @@ mod ckpt_level {
                             // and a shared hot key, updated by everyone
                             tx.put(&t, "hot", format!("{th}-{i}")).ok();
                             let ok = match log {
-                                LogMode::Pipelined => tx.commit_pipelined().and_then(|tk| tk.wait()).is_ok(),
+                                LogMode::Pipelined => {
+                                    tx.commit_pipelined().and_then(|tk| tk.wait()).is_ok()
+                                }
                                 _ => tx.commit().is_ok(),
                             };
                             if ok {
@@ -314,7 +340,10 @@ mod ckpt_level {
                     .map(|(k, _)| String::from_utf8(k).unwrap())
                     .collect();
                 let lost: Vec<_> = a.difference(&rows).collect();
-                assert!(lost.is_empty(), "image {n}: lost {lost:?} ({cc:?} {log:?} {elr:?}) {st:?}");
+                assert!(
+                    lost.is_empty(),
+                    "image {n}: lost {lost:?} ({cc:?} {log:?} {elr:?}) {st:?}"
+                );
             }
             eprintln!("{cc:?} {log:?} {elr:?}: {st:?}");
         }

@@ -922,4 +922,33 @@ mod tests {
         let e = run_bench(&wrong).1.unwrap_err().to_string();
         assert!(e.contains("--home applies to tpcc only"), "{e}");
     }
+
+    /// YCSB's updates are single-record transactions: under 2PL they must not deadlock
+    /// (a read's shared lock upgraded at the write let two updates of one record do so).
+    #[test]
+    fn ycsb_updates_of_hot_records_never_deadlock() {
+        let a = parse(&[
+            "ycsb",
+            "--records",
+            "4",
+            "--mix",
+            "a,f",
+            "--cc",
+            "2pl",
+            "--threads",
+            "2",
+            "--duration",
+            "0.5",
+            "--warmup",
+            "0",
+        ])
+        .unwrap();
+        let (records, res) = run_bench(&a);
+        res.unwrap();
+        assert_eq!(records.len(), 2);
+        for r in &records {
+            assert!(r.window.committed > 0);
+            assert_eq!(r.window.aborts.aborted_deadlock, 0, "{:?}", r.window);
+        }
+    }
 }

@@ -321,9 +321,12 @@ impl Workload for Ycsb {
                 tx.scan(t, (Bound::Included(&lo[..]), Bound::Excluded(&hi[..])))?;
             }
             Op::Update | Op::ReadModifyWrite => {
-                // shoal stores the record as one value, so both rewrite it whole.
+                // shoal stores the record as one value, so both rewrite it whole. The read
+                // takes the record for update (an exclusive lock under 2PL, as the portable
+                // path does): a shared lock upgraded at the write would let two updates of
+                // one record deadlock, which single-record transactions cannot otherwise do.
                 w.applied.set(false);
-                if let Some(mut v) = tx.get(t, key(w.id))? {
+                if let Some(mut v) = tx.get_for_update(t, key(w.id))? {
                     self.update_value(&mut v, w.field, w.id ^ w.len)?;
                     tx.put(t, key(w.id), v)?;
                     w.applied.set(true);

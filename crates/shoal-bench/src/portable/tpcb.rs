@@ -54,7 +54,8 @@ impl PortableWorkload for Tpcb<TableId> {
     }
 
     fn check(&self, engine: &dyn KvEngine, done: &Done) -> anyhow::Result<String> {
-        self.tables().check(engine, self.branches(), &done.ledger)
+        self.tables()
+            .check(engine, self.branches(), &done.ledger, self.read_only())
     }
 }
 

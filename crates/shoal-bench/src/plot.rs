@@ -182,12 +182,14 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
-/// A series' points in plot coordinates, sorted by x, one per x (the median y).
+/// A series' points in plot coordinates, sorted by x, one per x (the median y). On a log
+/// axis an x whose median is not positive is left out; a zero among repeated passes still
+/// counts in their median (a pass that collapsed to nothing is what a panel must show).
 fn prepared(s: &Series, xm: &XMap, log_y: bool) -> Vec<(f64, f64)> {
     let mut by_x: Vec<(f64, Vec<f64>)> = Vec::new();
     for (x, y) in &s.points {
         let Some(px) = xm.map(x) else { continue };
-        if !y.is_finite() || (log_y && *y <= 0.0) {
+        if !y.is_finite() {
             continue;
         }
         match by_x.iter_mut().find(|(bx, _)| *bx == px) {
@@ -197,10 +199,9 @@ fn prepared(s: &Series, xm: &XMap, log_y: bool) -> Vec<(f64, f64)> {
     }
     let mut out: Vec<(f64, f64)> = by_x
         .into_iter()
-        .map(|(x, ys)| {
-            let y = median(ys);
-            (x, if log_y { y.log10() } else { y })
-        })
+        .map(|(x, ys)| (x, median(ys)))
+        .filter(|(_, y)| !log_y || *y > 0.0)
+        .map(|(x, y)| (x, if log_y { y.log10() } else { y }))
         .collect();
     out.sort_by(|a, b| a.0.total_cmp(&b.0));
     out
@@ -473,5 +474,36 @@ mod tests {
         assert_eq!(fmt_num(12345.0), "12.3k");
         assert_eq!(fmt_num(2_500_000.0), "2.5M");
         assert_eq!(fmt_num(316.2277), "316");
+    }
+
+    /// On a log-y panel a zero among repeated passes counts in their median (0, 100, 200
+    /// plot as 100, not as the 150 of the two others); an x whose median is 0 is left out.
+    #[test]
+    fn a_zero_pass_counts_in_the_median_on_a_log_axis() {
+        let p = Panel {
+            title: "t".into(),
+            x_label: "threads".into(),
+            y_label: "y".into(),
+            log_y: true,
+            series: vec![series(
+                "s",
+                &[
+                    (512.0, 0.0),
+                    (512.0, 100.0),
+                    (512.0, 200.0),
+                    (2.0, 0.0),
+                    (1.0, 5.0),
+                ],
+            )],
+            x_marks: Vec::new(),
+        };
+        let xm = XMap::of(&p);
+        let pts = prepared(&p.series[0], &xm, true);
+        assert_eq!(pts.len(), 2, "{pts:?}");
+        let at512 = pts
+            .iter()
+            .map(|(_, y)| 10f64.powf(*y).round())
+            .fold(0.0, f64::max);
+        assert_eq!(at512, 100.0, "{pts:?}");
     }
 }

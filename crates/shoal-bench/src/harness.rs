@@ -50,6 +50,9 @@ pub fn plan_for(sweep: &Sweep, workload: Option<WorkloadKind>) -> anyhow::Result
         if crate::workloads::doppel_args::repeats_without_doppel_axes(&mut cfg, &runs) {
             continue; // --phase-ms and --split-top apply to Doppel only
         }
+        if repeats_without_lock_axes(&mut cfg, &runs) {
+            continue; // the lock table's options apply to 2PL only
+        }
         match cfg.skip_reason_for(workload) {
             Some(why) if skipped.contains(&why) => {}
             Some(why) => skipped.push(why),
@@ -57,6 +60,45 @@ pub fn plan_for(sweep: &Sweep, workload: Option<WorkloadKind>) -> anyhow::Result
         }
     }
     Ok(Plan { runs, skipped })
+}
+
+/// The sweep axes of the lock table, which only 2PL uses; `elr` also changes when a
+/// read-only `none` (Serial) commit waits for the log, so it stays on those runs.
+const LOCK_ONLY: [&str; 6] = [
+    "lock-table",
+    "deadlock",
+    "victim",
+    "intent-locks",
+    "key-range-modes",
+    "elr",
+];
+
+/// Whether `cfg` repeats a planned run once the lock table's options, which its concurrency
+/// control does not use, are dropped: as for Doppel's own options, runs that differ only in
+/// those are dropped, and the first one kept loses them (its record names no lock table it
+/// did not use, and its engine options are the defaults for them).
+fn repeats_without_lock_axes(cfg: &mut RunConfig, planned: &[(RunConfig, Point)]) -> bool {
+    let cc = cfg.cc;
+    let unused = move |axis: &str| {
+        LOCK_ONLY.contains(&axis)
+            && match cc {
+                Cc::TwoPl => false,
+                Cc::None => axis != "elr",
+                _ => true,
+            }
+    };
+    if !cfg.point.0.iter().any(|(n, _)| unused(n)) {
+        return false;
+    }
+    cfg.point.0.retain(|(n, _)| !unused(n));
+    let d = shoal::Options::default();
+    let o = &mut cfg.options;
+    (o.lock_table, o.deadlock, o.victim) = (d.lock_table, d.deadlock, d.victim);
+    (o.intent_locks, o.key_range_modes) = (d.intent_locks, d.key_range_modes);
+    if cc != Cc::None {
+        o.elr = d.elr;
+    }
+    planned.iter().any(|(c, _)| c.point == cfg.point)
 }
 
 /// Index of a retryable error in [`RunStats::aborts`]; `None` for a fatal error.

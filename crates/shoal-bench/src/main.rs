@@ -488,6 +488,7 @@ fn bench(args: &BenchArgs) -> anyhow::Result<()> {
             );
         }
         check_dist_options(args)?;
+        check_workload_options(args)?;
         check_portable_options(args)?;
         if args.engine.any() {
             println!("note: --engine runs every engine with its default options; the shoal engine options given are ignored");
@@ -497,20 +498,107 @@ fn bench(args: &BenchArgs) -> anyhow::Result<()> {
     run_bench(args).1
 }
 
-/// Refuses lock-table options (`--lock-table`, `--deadlock`, `--victim`) when no `--cc`
-/// value takes locks: the runs would not use them, yet their records would name them.
+/// Refuses lock-table options (`--lock-table`, `--deadlock`, `--victim`, `--intent-locks`,
+/// `--key-range-modes`) when no `--cc` value takes locks, `--elr` when none releases locks
+/// or a serial turn early (2pl, none), and `--log-latency` without a logging `--log`: the
+/// runs would not use them, yet their records would name them. (In a list that mixes
+/// concurrency controls, the runs that do not use them drop them: see `harness::plan_for`.)
 fn check_lock_options(args: &BenchArgs) -> anyhow::Result<()> {
-    let given = args.engine.lock_options();
-    if given.is_empty() || args.cc.contains(&Cc::TwoPl) {
-        return Ok(());
-    }
     let ccs: Vec<&str> = args.cc.iter().map(|c| c.name()).collect();
-    anyhow::bail!(
-        "--{} applies to the lock table, which only --cc 2pl uses; --cc {} takes no locks \
-         (add 2pl to --cc, or leave the option out)",
-        given.join(", --"),
-        ccs.join(",")
-    )
+    let given = args.engine.lock_options();
+    if !given.is_empty() && !args.cc.contains(&Cc::TwoPl) {
+        anyhow::bail!(
+            "--{} applies to the lock table, which only --cc 2pl uses; --cc {} takes no locks \
+             (add 2pl to --cc, or leave the option out)",
+            given.join(", --"),
+            ccs.join(",")
+        );
+    }
+    if args.engine.elr_given() && !args.cc.iter().any(|c| matches!(c, Cc::TwoPl | Cc::None)) {
+        anyhow::bail!(
+            "--elr applies to --cc 2pl (and to none's read-only commits); --cc {} does not \
+             release anything early (add 2pl to --cc, or leave the option out)",
+            ccs.join(",")
+        );
+    }
+    let log = args.engine.log_options();
+    if !log.is_empty() && args.log.iter().all(|l| *l == Log::None) {
+        anyhow::bail!(
+            "--{} applies to log flushes; --log none writes no log (add sync, async or \
+             pipelined to --log, or leave the option out)",
+            log.join(", --")
+        );
+    }
+    Ok(())
+}
+
+/// Refuses a workload option given to a workload that does not read it: the runs would go
+/// ahead without it while the command line says otherwise. An option counts as given when
+/// it differs from its default.
+fn check_workload_options(args: &BenchArgs) -> anyhow::Result<()> {
+    use WorkloadKind as W;
+    const DOPPEL: [W; 4] = [W::Incr1, W::Incrz, W::Like, W::Rubis];
+    let records: Vec<W> = [W::Ycsb, W::Keyrange, W::Tellers]
+        .into_iter()
+        .chain(DOPPEL)
+        .collect();
+    let d = &args.doppel;
+    let options: [(&str, bool, &[W]); 16] = [
+        ("scale", args.scale != [20], &[W::Tpcb]),
+        ("warehouses", args.warehouses != [1], &[W::Tpcc]),
+        ("read-ratio", args.read_ratio != [0.0], &[W::Tpcb]),
+        (
+            "reverse-fraction",
+            args.reverse_fraction.is_some(),
+            &[W::Tpcb],
+        ),
+        ("records", args.records.is_some(), &records),
+        (
+            "existing-endpoints",
+            args.existing_endpoints != [0.5],
+            &[W::Keyrange],
+        ),
+        ("field-size", args.field_size != [100], &[W::Ycsb]),
+        ("table-rows", args.table_rows != [100_000], &[W::Txbench]),
+        ("rows-per-scan", args.rows_per_scan != [10], &[W::Txbench]),
+        (
+            "update-fraction",
+            args.update_fraction != [0.0],
+            &[W::Txbench],
+        ),
+        ("hotspot", args.hotspot.is_some(), &[W::Txbench]),
+        ("absolute-locks", args.absolute_locks != [0], &[W::Intents]),
+        ("alpha", d.alpha.is_some(), &[W::Incrz, W::Like, W::Rubis]),
+        ("hot-fraction", d.hot_fraction != [0.5], &[W::Incr1]),
+        ("write-fraction", d.write_fraction != [0.5], &[W::Like]),
+        (
+            "variant",
+            d.variant != [workloads::doppel_args::Variant::C],
+            &[W::Rubis],
+        ),
+    ];
+    let ignored: Vec<&str> = options
+        .iter()
+        .filter(|(_, given, used_by)| *given && !used_by.contains(&args.workload))
+        .map(|(name, _, _)| *name)
+        .collect();
+    if !ignored.is_empty() {
+        anyhow::bail!(
+            "--{} does not apply to {} (it would be ignored): leave it out",
+            ignored.join(", --"),
+            args.workload.name()
+        );
+    }
+    Ok(())
+}
+
+/// Refuses options that the runs `args` describe would not use (see the `check_*`
+/// functions).
+fn check_options(args: &BenchArgs) -> anyhow::Result<()> {
+    check_lock_options(args)?;
+    check_dist_options(args)?;
+    check_workload_options(args)?;
+    args.doppel.check(args.workload)
 }
 
 /// Runs the sweep `args` describe, prints its table and writes the files it asks for;
@@ -530,9 +618,7 @@ fn run_bench_into(args: &BenchArgs, records: &mut Vec<Record>) -> anyhow::Result
     if args.home.is_some() && args.workload != WorkloadKind::Tpcc {
         anyhow::bail!("--home applies to tpcc only, not {}", args.workload.name());
     }
-    check_lock_options(args)?;
-    check_dist_options(args)?;
-    args.doppel.check(args.workload)?;
+    check_options(args)?;
     let sweep = args.sweep();
     let params = args.params();
     let plan = harness::plan_for(&sweep, Some(args.workload))?;
@@ -851,7 +937,10 @@ mod tests {
         // One cc value that locks is enough; other engine options are not lock options.
         check(&["--cc", "occ,2pl", "--deadlock", "no-wait"]).unwrap();
         check(&["--deadlock", "wait-die"]).unwrap();
-        check(&["--cc", "occ", "--lock-timeout", "1s", "--elr", "sx"]).unwrap();
+        check(&["--cc", "occ", "--lock-timeout", "1s"]).unwrap();
+        // ELR releases locks (or, under none, a serial turn) early: OCC has neither.
+        assert!(check(&["--cc", "occ", "--elr", "sx"]).is_err());
+        check(&["--cc", "none", "--elr", "sx"]).unwrap();
     }
 
     /// Every option of every workload reaches its run's configuration typed: an axis whose
@@ -921,6 +1010,86 @@ mod tests {
         let wrong = parse(&["tpcb", "--home", "thread", "--duration", "0.1"]).unwrap();
         let e = run_bench(&wrong).1.unwrap_err().to_string();
         assert!(e.contains("--home applies to tpcc only"), "{e}");
+    }
+
+    /// Options the workload, the concurrency control or the log mode would not read are
+    /// refused, not accepted and ignored (their records would name them).
+    #[test]
+    fn options_that_do_not_apply_are_refused() {
+        for bad in [
+            &["tpcb", "--hotspot"][..],
+            &["tpcb", "--alpha", "1.5"],
+            &["tpcb", "--records", "7"],
+            &["tpcc", "--reverse-fraction", "0.5"],
+            &["tpcc", "--read-ratio", "0.5"],
+            &["tpcc", "--scale", "4"],
+            &["ycsb", "--alpha", "1.5"],
+            &["ycsb", "--warehouses", "9"],
+            &["ycsb", "--rows-per-scan", "50"],
+            &["incr1", "--alpha", "1.5"],
+            &["like", "--variant", "b"],
+            &["tpcb", "--cc", "occ", "--elr", "sx"],
+            &["tpcb", "--cc", "occ,doppel", "--key-range-modes", "lomet"],
+            &["tpcb", "--cc", "occ", "--intent-locks", "table"],
+            &["tpcb", "--log", "none", "--log-latency", "10ms"],
+        ] {
+            let a = parse(bad).unwrap();
+            assert!(check_options(&a).is_err(), "accepted: {bad:?}");
+        }
+        for good in [
+            &["tpcb", "--scale", "4", "--read-ratio", "0.5"][..],
+            &["tpcc", "--warehouses", "4"],
+            &["ycsb", "--records", "7", "--field-size", "10"],
+            &["txbench", "--hotspot", "--rows-per-scan", "50"],
+            &["incrz", "--alpha", "1.5", "--records", "10"],
+            &["tpcb", "--cc", "none", "--elr", "sx"],
+            &[
+                "tpcb",
+                "--cc",
+                "2pl,occ",
+                "--elr",
+                "off,sx",
+                "--lock-table",
+                "latched",
+            ],
+            &["tpcb", "--log", "none,sync", "--log-latency", "10ms"],
+        ] {
+            let a = parse(good).unwrap();
+            check_options(&a).unwrap_or_else(|e| panic!("{good:?}: {e}"));
+        }
+    }
+
+    /// In a list mixing concurrency controls, the runs that take no locks drop the lock
+    /// table's options: one OCC run, not one per lock table, and its record names none.
+    #[test]
+    fn runs_without_locks_drop_the_lock_options() {
+        let a = parse(&[
+            "tpcb",
+            "--cc",
+            "2pl,occ,none",
+            "--lock-table",
+            "sharded,latch-free",
+            "--elr",
+            "off,sx",
+            "--threads",
+            "1",
+        ])
+        .unwrap();
+        let plan = harness::plan(&a.sweep()).unwrap();
+        let count = |cc: Cc| plan.runs.iter().filter(|(c, _)| c.cc == cc).count();
+        assert_eq!(
+            (count(Cc::TwoPl), count(Cc::Occ), count(Cc::None)),
+            (4, 1, 2)
+        );
+        for (c, _) in &plan.runs {
+            let named = |axis: &str| c.point.get(axis).is_some();
+            assert_eq!(named("lock-table"), c.cc == Cc::TwoPl, "{:?}", c.point);
+            assert_eq!(named("elr"), c.cc != Cc::Occ, "{:?}", c.point);
+            if c.cc == Cc::Occ {
+                assert_eq!(c.options.elr, shoal::Options::default().elr);
+                assert_eq!(c.options.lock_table, shoal::Options::default().lock_table);
+            }
+        }
     }
 
     /// YCSB's updates are single-record transactions: under 2PL they must not deadlock

@@ -483,17 +483,37 @@ impl EngineArgs {
     }
 
     /// The options given that only a run taking locks uses (`lock-table`, `deadlock`,
-    /// `victim`), by name.
+    /// `victim`, `intent-locks`, `key-range-modes`), by name.
     pub fn lock_options(&self) -> Vec<&'static str> {
+        self.given_names(|s| {
+            matches!(
+                s,
+                Setting::LockTable(_)
+                    | Setting::Deadlock(_)
+                    | Setting::Victim(_)
+                    | Setting::IntentLocks(_)
+                    | Setting::KeyRangeModes(_)
+            )
+        })
+    }
+
+    /// The options given that only a logging run uses (`log-latency`), by name.
+    pub fn log_options(&self) -> Vec<&'static str> {
+        self.given_names(|s| matches!(s, Setting::LogLatency(_)))
+    }
+
+    /// Whether `--elr` was given.
+    pub fn elr_given(&self) -> bool {
+        !self
+            .given_names(|s| matches!(s, Setting::Elr(_)))
+            .is_empty()
+    }
+
+    fn given_names(&self, pick: impl Fn(&Setting) -> bool) -> Vec<&'static str> {
         self.given
             .iter()
             .filter_map(|v| v.first())
-            .filter(|s| {
-                matches!(
-                    s,
-                    Setting::LockTable(_) | Setting::Deadlock(_) | Setting::Victim(_)
-                )
-            })
+            .filter(|s| pick(s))
             .map(Setting::axis)
             .collect()
     }

@@ -200,6 +200,8 @@ fn registry_entries_parse_into_valid_bench_configurations() {
                 assert!(!g.metrics.is_empty() && !g.runs.is_empty(), "{}", e.id);
                 for r in &g.runs {
                     let b = parse_bench(&r.args).unwrap_or_else(|err| panic!("{err}"));
+                    crate::check_options(&b)
+                        .unwrap_or_else(|err| panic!("{} {:?}: {err}", e.id, r.args));
                     let sweep = b.sweep();
                     let plan = harness::plan(&sweep).unwrap();
                     assert!(!plan.runs.is_empty(), "{} {:?}", e.id, r.args);

@@ -297,6 +297,11 @@ impl BenchArgs {
             WorkloadKind::Tpcc => {
                 let w = self.warehouses.iter().copied();
                 axes.push(Axis::new("warehouses", true, w));
+                if workloads::tpcc::tiny_asked() {
+                    // Named in every record, so that the data does not read as standard
+                    // TPC-C.
+                    axes.push(Axis::new("tpcc-scale", true, ["tiny"]));
+                }
             }
             _ => {}
         }

@@ -256,6 +256,8 @@ pub struct RunConfig {
     pub variant: Variant,
     /// Doppel: records labelled split from the start (`--split-top`; 0: none).
     pub split_top: u64,
+    /// TPC-C: the tiny scale (`tpcc-scale` = `tiny`, the axis `SHOAL_TPCC_TINY` adds).
+    pub tpcc_tiny: bool,
     /// The engine options of this run's database.
     pub options: Options,
 }
@@ -390,6 +392,11 @@ impl RunConfig {
             Some("on") => true,
             Some(s) => bail!("option hotspot: expected on or off, got {s}"),
         };
+        let tpcc_tiny = match r.text("tpcc-scale")? {
+            None | Some("standard") => false,
+            Some("tiny") => true,
+            Some(s) => bail!("option tpcc-scale: expected standard or tiny, got {s}"),
+        };
         let cfg = RunConfig {
             point: p.clone(),
             cc,
@@ -415,6 +422,7 @@ impl RunConfig {
             write_fraction: r.float("write-fraction", 0.5)?,
             variant,
             split_top: r.int("split-top", Some(0))?,
+            tpcc_tiny,
             options,
         };
         r.finish()?;

@@ -156,6 +156,12 @@ impl Home {
     }
 }
 
+/// Whether `SHOAL_TPCC_TINY` asks for the tiny scale (set to a non-empty value other than
+/// `0`). `shoal bench tpcc` then names it in its runs (`tpcc-scale` = `tiny`).
+pub fn tiny_asked() -> bool {
+    std::env::var("SHOAL_TPCC_TINY").is_ok_and(|v| !v.is_empty() && v != "0")
+}
+
 /// The database's size.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Scale {
@@ -198,13 +204,14 @@ impl Scale {
         }
     }
 
-    /// The scale for `cfg`: standard, or tiny when `SHOAL_TPCC_TINY` is set to a non-empty
-    /// value other than `0`.
+    /// The scale for `cfg`: tiny when its `tpcc-scale` says so or [`tiny_asked`], else
+    /// standard.
     pub fn for_config(cfg: &RunConfig) -> Scale {
         let w = u32::try_from(cfg.scale).unwrap_or(u32::MAX).max(1);
-        match std::env::var("SHOAL_TPCC_TINY") {
-            Ok(v) if !v.is_empty() && v != "0" => Scale::tiny(w),
-            _ => Scale::standard(w),
+        if cfg.tpcc_tiny || tiny_asked() {
+            Scale::tiny(w)
+        } else {
+            Scale::standard(w)
         }
     }
 

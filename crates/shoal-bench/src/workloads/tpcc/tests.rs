@@ -290,3 +290,23 @@ fn check_catches_injected_inconsistencies() {
     let e = t.check_db(&db).unwrap_err().to_string();
     assert!(e.contains("condition 4"), "{e}");
 }
+
+/// The tiny scale is an option of the run (named in its record), not only an environment
+/// variable.
+#[test]
+fn the_tiny_scale_is_a_named_option() {
+    use crate::sweep::{Point, Value};
+    let cfg = RunConfig::for_test("2pl", &[("tpcc-scale", Value::Text("tiny".into()))]);
+    assert!(cfg.tpcc_tiny);
+    if !super::tiny_asked() {
+        let standard = RunConfig::for_test("2pl", &[]);
+        assert!(Scale::for_config(&standard).rows() > Scale::for_config(&cfg).rows());
+    }
+    let bad = Point(vec![
+        ("cc", Value::Cc(crate::config::Cc::TwoPl)),
+        ("threads", Value::Int(1)),
+        ("seed", Value::Int(1)),
+        ("tpcc-scale", Value::Text("huge".into())),
+    ]);
+    assert!(RunConfig::from_point(&bad).is_err());
+}

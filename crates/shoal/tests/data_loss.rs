@@ -1380,3 +1380,52 @@ fn a_checkpoint_without_any_log_segment_is_refused() {
         }
     }
 }
+
+/// A log directory that an older copy replaced (the same identity, segments that all end
+/// before the newest checkpoint's LSN) is refused: it opened with the checkpoint's rows and
+/// dropped every commit after the checkpoint without a word.
+#[test]
+fn a_log_that_ends_before_the_checkpoint_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (db_dir, log_dir) = (dir.path().join("db"), dir.path().join("log"));
+    let opts = Options::default()
+        .with_log_dir(Some(log_dir.clone()))
+        .with_log_segment_size(4096);
+    let copy = dir.path().join("log-copy");
+    {
+        let db = Database::open(&db_dir, opts.clone()).expect("open");
+        let t = db.create_table("t").expect("create");
+        for i in 0..50 {
+            db.run(|tx| tx.put(&t, format!("before{i}"), vec![1u8; 200]))
+                .expect("put");
+        }
+        // A copy of the log directory as it stands (a backup, say).
+        std::fs::create_dir(&copy).expect("mkdir");
+        for e in std::fs::read_dir(&log_dir).expect("read_dir") {
+            let p = e.expect("entry").path();
+            let name = p.file_name().expect("a file name");
+            std::fs::copy(&p, copy.join(name)).expect("copy");
+        }
+        for i in 0..50 {
+            db.run(|tx| tx.put(&t, format!("more{i}"), vec![2u8; 200]))
+                .expect("put");
+        }
+        db.checkpoint().expect("checkpoint");
+        db.run(|tx| tx.put(&t, "after", "acknowledged")).expect("put");
+    }
+    std::fs::remove_dir_all(&log_dir).expect("remove");
+    std::fs::rename(&copy, &log_dir).expect("rename");
+    match Database::open(&db_dir, opts) {
+        Err(shoal::Error::Corrupt { detail, .. }) => {
+            assert!(detail.contains("before the checkpoint"), "{detail}")
+        }
+        Err(e) => panic!("refused, but not as damage: {e}"),
+        Ok(db) => {
+            let t = db.table("t").expect("table");
+            panic!(
+                "opened; \"after\" is {:?}",
+                db.run(|tx| tx.get(&t, "after")).expect("get")
+            )
+        }
+    }
+}

@@ -226,6 +226,19 @@ pub(crate) fn replay(
             }
         }
     }
+    if upto.is_none() && end < from {
+        // A checkpoint flushes the log up to its LSN and no segment holding it is ever
+        // deleted: a log that ends before it lost its newer segments (an older copy of the
+        // log directory, say). Opening would silently drop every commit after the checkpoint.
+        return Err(Error::Corrupt {
+            path: dir.to_path_buf(),
+            offset: end,
+            detail: format!(
+                "the log ends at LSN {end}, before the checkpoint at LSN {from}: the log \
+                 after the checkpoint is missing (an older copy of the log directory?)"
+            ),
+        });
+    }
     if let Some((p, bytes, flush_at, len)) = tail.filter(|_| upto.is_none()) {
         // What recovery replayed becomes the base of the next run, which acknowledges
         // commits in segments after it: make it durable first. A flush whose bytes were

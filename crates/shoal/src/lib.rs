@@ -42,6 +42,8 @@
 // targets can reach inside; they are hidden from the documentation and are not an API.
 #[doc(hidden)]
 pub mod admission;
+#[cfg(test)]
+mod checkpoint_stress;
 mod db;
 pub mod doppel;
 mod error;

@@ -1411,7 +1411,8 @@ fn a_log_that_ends_before_the_checkpoint_is_refused() {
                 .expect("put");
         }
         db.checkpoint().expect("checkpoint");
-        db.run(|tx| tx.put(&t, "after", "acknowledged")).expect("put");
+        db.run(|tx| tx.put(&t, "after", "acknowledged"))
+            .expect("put");
     }
     std::fs::remove_dir_all(&log_dir).expect("remove");
     std::fs::rename(&copy, &log_dir).expect("rename");

@@ -145,6 +145,7 @@ mod db_level {
     use std::sync::{Arc, Mutex};
     use std::time::{Duration, Instant};
 
+    use super::keys_of;
     use crate::vfs::mem::{Fault, MemFs};
     use crate::{Admission, Database, Elr, LogMode, Options};
 
@@ -213,13 +214,7 @@ mod db_level {
             let after = fs.power_loss(seed);
             let db = Database::open_on(Arc::new(after), Path::new("/db"), opts(log, elr, adm))
                 .unwrap_or_else(|e| panic!("reopen: {e} ({log:?} {elr:?}, {fault:?} at +{n})"));
-            let t = db.table("t").unwrap();
-            let rows: BTreeSet<String> = db
-                .run(|tx| tx.scan(&t, ..))
-                .unwrap()
-                .into_iter()
-                .map(|(k, _)| String::from_utf8(k).unwrap())
-                .collect();
+            let rows = keys_of(&db);
             let lost: Vec<_> = acked.difference(&rows).collect();
             assert!(
                 lost.is_empty(),
@@ -252,6 +247,7 @@ mod ckpt_level {
     use std::sync::{Arc, Mutex};
     use std::time::Duration;
 
+    use super::keys_of;
     use crate::vfs::mem::MemFs;
     use crate::{ConcurrencyControl, Database, Elr, LogMode, Options};
 
@@ -332,13 +328,7 @@ mod ckpt_level {
             for (n, (a, img)) in imgs.into_iter().enumerate() {
                 let db = Database::open_on(Arc::new(img), Path::new("/db"), opts(cc, log, elr))
                     .unwrap_or_else(|e| panic!("image {n}: reopen: {e} ({cc:?} {log:?} {elr:?})"));
-                let t = db.table("t").unwrap();
-                let rows: BTreeSet<String> = db
-                    .run(|tx| tx.scan(&t, ..))
-                    .unwrap()
-                    .into_iter()
-                    .map(|(k, _)| String::from_utf8(k).unwrap())
-                    .collect();
+                let rows = keys_of(&db);
                 let lost: Vec<_> = a.difference(&rows).collect();
                 assert!(
                     lost.is_empty(),
@@ -348,4 +338,14 @@ mod ckpt_level {
             eprintln!("{cc:?} {log:?} {elr:?}: {st:?}");
         }
     }
+}
+
+/// The keys of table `t` of `db`, as text.
+fn keys_of(db: &crate::Database) -> std::collections::BTreeSet<String> {
+    let t = db.table("t").unwrap();
+    db.run(|tx| tx.scan(&t, ..))
+        .unwrap()
+        .into_iter()
+        .map(|(k, _)| String::from_utf8(k).unwrap())
+        .collect()
 }

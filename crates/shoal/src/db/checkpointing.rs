@@ -201,6 +201,9 @@ impl DbInner {
             return Ok(None);
         };
         let vfs = &*disk.vfs;
+        // A failed log ends the database's work: what memory holds may include commits that
+        // never became durable, and the log's error is the one to report.
+        log.check()?;
         let stopped = || -> Result<()> {
             if stop.is_some_and(|s| s.load(Ordering::Acquire)) {
                 return Err(Error::Io {

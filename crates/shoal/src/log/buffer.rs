@@ -431,12 +431,14 @@ impl LogBuffer {
     fn when_durable(&self, end: u64, cb: OnDurable) {
         let sh = &*self.shared;
         let mut cbs = sh.callbacks.lock();
-        if sh.failed.load(Ordering::Acquire) {
-            drop(cbs);
-            fire_all(vec![cb], Err(sh.fail_error().to_string()));
-        } else if sh.durable.load(Ordering::Acquire) >= end {
+        // Durable first: a commit made durable by the flush before a failure (a segment
+        // rotation that could not create its file) is durable all the same.
+        if sh.durable.load(Ordering::Acquire) >= end {
             drop(cbs);
             fire_all(vec![cb], Ok(()));
+        } else if sh.failed.load(Ordering::Acquire) {
+            drop(cbs);
+            fire_all(vec![cb], Err(sh.fail_error().to_string()));
         } else {
             cbs.push((end, cb));
             drop(cbs);
@@ -631,17 +633,7 @@ fn flusher_main(sh: Arc<LogShared>, cfg: LogConfig, file: Box<dyn VFile>, start:
         let released = sh.released.load(Ordering::Acquire);
         if released > durable {
             if let Err(e) = flush_range(&sh, &cfg, &mut seg, durable, released) {
-                *sh.failure.lock() = Some(e.to_string());
-                sh.failed.store(true, Ordering::Release);
-                {
-                    let _g = sh.wait_lock.lock();
-                    sh.durable_cv.notify_all();
-                }
-                let cbs = std::mem::take(&mut *sh.callbacks.lock());
-                fire_all(
-                    cbs.into_iter().map(|(_, cb)| cb).collect(),
-                    Err(e.to_string()),
-                );
+                fail_log(&sh, &e);
                 return;
             }
             durable = released;
@@ -661,6 +653,13 @@ fn flusher_main(sh: Arc<LogShared>, cfg: LogConfig, file: Box<dyn VFile>, start:
                 ready.into_iter().map(|(_, cb)| cb).collect()
             };
             fire_all(ready, Ok(()));
+            // Only now the next segment, if it is time for one: the flush is durable, so its
+            // commits were acknowledged above even if the new file cannot be made (a full
+            // disk, no inodes left). A failure here ends the log for what comes after.
+            if let Err(e) = rotate(&cfg, &mut seg, durable) {
+                fail_log(&sh, &e);
+                return;
+            }
         }
         if sh.shutdown.load(Ordering::Acquire) && sh.released.load(Ordering::Acquire) == durable {
             // A clean shutdown leaves no zeros after the log's end. If cutting them fails,
@@ -705,17 +704,37 @@ fn flush_range(
             .map_err(on("write", &path))?;
         at += n as u64;
     }
-    seg.file.sync().map_err(on("fsync", &path))?;
-    // Rotate at a record boundary (`to` always is one) once the segment is big enough, cutting
-    // the zeros after its end first.
-    if end >= cfg.segment_size {
-        seg.trim(to, &path)?;
-        *seg = Segment {
-            file: segment::create(&*cfg.vfs, &cfg.dir, to)?,
-            start: to,
-            allocated: 0,
-            longer: false,
-        };
+    seg.file.sync().map_err(on("fsync", &path))
+}
+
+/// Begins a new segment at `to` (the durable end: a record boundary) once the current one
+/// is big enough, cutting the zeros after its end first.
+fn rotate(cfg: &LogConfig, seg: &mut Segment, to: u64) -> Result<()> {
+    if to - seg.start < cfg.segment_size {
+        return Ok(());
     }
+    seg.trim(to, &segment::path(&cfg.dir, seg.start))?;
+    *seg = Segment {
+        file: segment::create(&*cfg.vfs, &cfg.dir, to)?,
+        start: to,
+        allocated: 0,
+        longer: false,
+    };
     Ok(())
+}
+
+/// Ends the log after `e`: nothing is durable past what was published, every waiter wakes
+/// and every pending callback gets the error.
+fn fail_log(sh: &LogShared, e: &Error) {
+    *sh.failure.lock() = Some(e.to_string());
+    sh.failed.store(true, Ordering::Release);
+    {
+        let _g = sh.wait_lock.lock();
+        sh.durable_cv.notify_all();
+    }
+    let cbs = std::mem::take(&mut *sh.callbacks.lock());
+    fire_all(
+        cbs.into_iter().map(|(_, cb)| cb).collect(),
+        Err(e.to_string()),
+    );
 }

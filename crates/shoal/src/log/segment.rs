@@ -190,9 +190,19 @@ pub(crate) fn replay(
                 // (the next run's first flush, torn too) is bytes nobody has read either.
                 let (keep, mut f) = create_unique(vfs, dir, lsn)?;
                 let kept = &bytes[off..nonzero_end(&bytes, off)];
-                f.write_all(kept).map_err(on("write", &keep))?;
-                f.sync().map_err(on("fsync", &keep))?;
-                sync_dir(vfs, dir)?;
+                let saved = f
+                    .write_all(kept)
+                    .map_err(on("write", &keep))
+                    .and_then(|()| f.sync().map_err(on("fsync", &keep)))
+                    .and_then(|()| sync_dir(vfs, dir));
+                if let Err(e) = saved {
+                    // (A full disk, say.) Nothing was cut: the next open keeps the bytes
+                    // again, under the same name, rather than leaving one more file behind
+                    // each time until no name is left.
+                    drop(f);
+                    let _ = vfs.remove(&keep);
+                    return Err(e);
+                }
                 truncate(vfs, p, off as u64)?;
                 torn_bytes = kept.len() as u64;
                 torn_file = Some(keep);
@@ -317,7 +327,14 @@ fn create_unique(vfs: &dyn Vfs, dir: &Path, lsn: u64) -> Result<(PathBuf, Box<dy
         };
         match vfs.create_new(&keep) {
             Ok(f) => return Ok((keep, f)),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && n < 1000 => n += 1,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && n < 1000 => {
+                // An empty one holds nothing (a crash right after its creation): take its
+                // name again.
+                if vfs.read(&keep).is_ok_and(|b| b.is_empty()) && vfs.remove(&keep).is_ok() {
+                    continue;
+                }
+                n += 1;
+            }
             Err(e) => return Err(on("create", &keep)(e)),
         }
     }

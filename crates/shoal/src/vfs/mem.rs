@@ -91,22 +91,34 @@ struct State {
     ops: u64,
     fail: Option<(u64, Fault, bool)>,
     injected: Option<String>,
+    /// Every injected failure, in order.
+    all_injected: Vec<String>,
     /// Reading operations so far (`read`, `list`, `open_write`, `lock_dir`).
     reads: u64,
     /// The reading operation to fail with `EIO`, if any.
     fail_read: Option<u64>,
+    /// Creations of files whose name starts with this fail with `ENOSPC` (no inodes left).
+    fail_creates: Option<String>,
 }
 
 impl State {
+    /// Records an injected failure (`op file`).
+    fn note(&mut self, what: String) {
+        if self.injected.is_none() {
+            self.injected = Some(what.clone());
+        }
+        self.all_injected.push(what);
+    }
+
     /// Counts a mutating operation and fails it if it is the chosen one.
     fn check(&mut self, op: &str, path: &Path) -> io::Result<()> {
         let n = self.ops;
         self.ops += 1;
         match self.fail {
+            // A full disk still removes files (removing frees space).
+            Some((_, Fault::NoSpace, _)) if op == "remove" => Ok(()),
             Some((at, fault, sticky)) if n == at || (sticky && n > at) => {
-                if self.injected.is_none() {
-                    self.injected = Some(format!("{op} {}", path.display()));
-                }
+                self.note(format!("{op} {}", path.display()));
                 Err(fault.error())
             }
             _ => Ok(()),
@@ -118,9 +130,7 @@ impl State {
         let n = self.reads;
         self.reads += 1;
         if self.fail_read == Some(n) {
-            if self.injected.is_none() {
-                self.injected = Some(format!("{op} {}", path.display()));
-            }
+            self.note(format!("{op} {}", path.display()));
             return Err(Fault::Eio.error());
         }
         Ok(())
@@ -173,6 +183,12 @@ impl MemFs {
         self.st.lock().fail = Some((n, fault, sticky));
     }
 
+    /// Fails every later creation of a file whose name starts with `prefix` with `ENOSPC`
+    /// (a file system out of inodes: writes to existing files still go through).
+    pub(crate) fn fail_creates(&self, prefix: &str) {
+        self.st.lock().fail_creates = Some(prefix.to_string());
+    }
+
     /// Mutating operations so far.
     pub(crate) fn ops(&self) -> u64 {
         self.st.lock().ops
@@ -187,6 +203,11 @@ impl MemFs {
     /// Reading operations so far.
     pub(crate) fn reads(&self) -> u64 {
         self.st.lock().reads
+    }
+
+    /// The operation and file of every injected failure, in order.
+    pub(crate) fn all_injected(&self) -> Vec<String> {
+        self.st.lock().all_injected.clone()
     }
 
     /// The operation and file of the first injected failure, if one happened.
@@ -487,6 +508,14 @@ impl Vfs for MemFs {
         let (parent, name) = State::split(path)?;
         if st.dir(&parent)?.live.contains_key(&name) {
             return Err(io::Error::from(io::ErrorKind::AlreadyExists));
+        }
+        if st
+            .fail_creates
+            .as_ref()
+            .is_some_and(|p| name.starts_with(p.as_str()))
+        {
+            st.note(format!("create {}", path.display()));
+            return Err(Fault::NoSpace.error());
         }
         st.check("create", path)?;
         let ino = st.inodes.len();

@@ -345,6 +345,9 @@ pub struct PageStore {
     /// Pages handed out so far (ids below are allocated or free), and the page up to which
     /// the prefaulter was asked to back memory (see [`prefault`]).
     next: Mutex<(PageId, PageId)>,
+    /// `next`'s first half, for readers that must not write the mutex's cache line (an
+    /// optimistic reader bounding its walk of an overflow chain).
+    made: AtomicU64,
     /// Freed pages, reused before new ones.
     free: Mutex<Vec<PageId>>,
     /// Back chunks with transparent huge pages ([`advise_huge`]), else keep them on small
@@ -487,6 +490,7 @@ impl PageStore {
             counts,
             chunks: std::array::from_fn(|_| AtomicPtr::new(std::ptr::null_mut())),
             next: Mutex::new((0, 0)),
+            made: AtomicU64::new(0),
             free: Mutex::new(Vec::new()),
             huge,
         }
@@ -553,6 +557,7 @@ impl PageStore {
             asked = to;
         }
         *next = (pid + 1, asked);
+        self.made.store(pid + 1, AtomicOrdering::Release);
         pid
     }
 
@@ -565,7 +570,7 @@ impl PageStore {
 
     /// Pages ever handed out (allocated or free now): no chain of pages is longer.
     pub fn pages_made(&self) -> u64 {
-        self.next.lock().0
+        self.made.load(AtomicOrdering::Acquire)
     }
 
     /// Pages allocated and not free.

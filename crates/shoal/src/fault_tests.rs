@@ -511,24 +511,33 @@ fn a_full_disk_at_commit_leaves_no_trace_and_a_failed_checkpoint_no_file() {
     assert!(db.checkpoint().expect("checkpoint").is_some());
 }
 
+/// A database with `opts` and a 150 ms log latency whose table `t` holds `k` = `old`,
+/// durable, and whose next flush's fsync fails (`EIO`): the flush writes (operation n), then
+/// its fsync (n + 1) fails.
+fn k_old_then_a_failing_fsync(opts: Options) -> (MemFs, Database, crate::Table) {
+    let fs = MemFs::new();
+    let opts = Options {
+        log_latency: Duration::from_millis(150),
+        ..opts
+    };
+    let db = Database::open_on(Arc::new(fs.clone()), Path::new(DIR), opts).expect("open");
+    let t = db.create_table("t").expect("table");
+    db.run(|tx| tx.put(&t, "k", "old")).expect("commit");
+    db.flush().expect("flush");
+    fs.fail_at(fs.ops() + 1, Fault::Eio, false);
+    (fs, db, t)
+}
+
 #[test]
 fn a_reader_waiting_on_a_failed_commit_never_sees_its_writes() {
     // Without early lock release a committing writer keeps its locks until its commit is
     // durable; if the flush fails, it must roll back before a waiting reader gets the lock.
     for log in [LogMode::Sync, LogMode::Pipelined] {
-        let fs = MemFs::new();
-        let opts = Options {
+        let (_fs, db, t) = k_old_then_a_failing_fsync(Options {
             log,
-            log_latency: Duration::from_millis(150),
             lock_timeout: Duration::from_secs(5),
             ..Options::default()
-        };
-        let db = Database::open_on(Arc::new(fs.clone()), Path::new(DIR), opts).expect("open");
-        let t = db.create_table("t").expect("table");
-        db.run(|tx| tx.put(&t, "k", "old")).expect("commit");
-        db.flush().expect("flush");
-        // The next flush writes (op n), then its fsync (op n + 1) fails.
-        fs.fail_at(fs.ops() + 1, Fault::Eio, false);
+        });
         std::thread::scope(|s| {
             let writer = s.spawn(|| {
                 let mut tx = db.begin();
@@ -810,19 +819,11 @@ fn every_failed_read_while_reopening_is_an_error_or_harmless_never_a_loss() {
 /// are durable: if the flush then fails, the commit fails and is rolled back.
 #[test]
 fn a_serial_reader_never_returns_a_pipelined_commit_whose_flush_fails() {
-    let fs = MemFs::new();
-    let opts = Options {
+    let (_fs, db, t) = k_old_then_a_failing_fsync(Options {
         cc: ConcurrencyControl::Serial,
         log: LogMode::Pipelined,
-        log_latency: Duration::from_millis(150),
         ..Options::default()
-    };
-    let db = Database::open_on(Arc::new(fs.clone()), Path::new(DIR), opts).expect("open");
-    let t = db.create_table("t").expect("table");
-    db.run(|tx| tx.put(&t, "k", "old")).expect("commit");
-    db.flush().expect("flush");
-    // The next flush writes (op n), then its fsync (op n + 1) fails.
-    fs.fail_at(fs.ops() + 1, Fault::Eio, false);
+    });
     let mut tx = db.begin();
     tx.put(&t, "k", "new").expect("put");
     let ticket = tx.commit_pipelined().expect("commit T1");

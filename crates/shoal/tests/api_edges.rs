@@ -844,3 +844,92 @@ fn nested_2pl_on_one_key_ends_in_a_typed_error_under_every_policy() {
         }
     }
 }
+
+/// Under OCC and Doppel a transaction's writes wait in its write set, counted against the
+/// memory limit by the page bytes they will take. Counted by their log bytes, values just
+/// past the inline limit (each taking a 32 KiB overflow page) let one transaction install
+/// about 15 times the limit.
+#[test]
+fn one_transaction_of_overflow_values_is_held_to_the_memory_limit() {
+    const LIMIT: u64 = 256 << 10;
+    let mut report = Vec::new();
+    for cc in CCS {
+        let db = Database::in_memory_with(opts(cc).with_memory_limit(Some(LIMIT)));
+        let t = db.create_table("t").unwrap();
+        let mut tx = db.begin();
+        let mut accepted = 0u32;
+        let mut refused = false;
+        for i in 0..2000u32 {
+            match tx.put(&t, i.to_be_bytes(), [7u8; 2049]) {
+                Ok(()) => accepted += 1,
+                Err(Error::MemoryLimit { .. }) => {
+                    refused = true;
+                    break;
+                }
+                Err(e) => panic!("{cc:?}: {e}"),
+            }
+        }
+        let committed = tx.commit();
+        let used = db.page_bytes();
+        if used > 2 * LIMIT || !refused {
+            report.push(format!(
+                "{cc:?}: {accepted} writes accepted, commit {committed:?}, the tables hold \
+                 {used} bytes of pages"
+            ));
+        }
+    }
+    assert!(
+        report.is_empty(),
+        "under a {LIMIT}-byte memory limit:\n{}",
+        report.join("\n")
+    );
+}
+
+/// The lightweight intent-lock table has 4096 objects. Table ids beyond them shared the
+/// object their id wraps to: X or S on table 4096 locked the whole database, on table 4097
+/// table 1, and a transaction on an unlocked table timed out.
+#[test]
+fn a_table_lock_on_table_4096_or_4097_leaves_other_tables_free() {
+    let db =
+        Database::in_memory_with(Options::default().with_lock_timeout(Duration::from_millis(300)));
+    let tables: Vec<shoal::Table> = (1..=4097)
+        .map(|i| db.create_table(&format!("t{i}")).unwrap())
+        .collect();
+    let (first, t4096, t4097) = (&tables[0], &tables[4095], &tables[4096]);
+    db.run(|tx| tx.put(first, "k", "v")).unwrap();
+    let mut report = Vec::new();
+    for (name, locked) in [("t4096", t4096), ("t4097", t4097)] {
+        for mode in [LockMode::X, LockMode::S] {
+            let mut holder = db.begin();
+            holder.lock_table(locked, mode).unwrap();
+            // Another thread reads and writes table t1, which nobody has locked.
+            let (db2, t1) = (db.clone(), first.clone());
+            let other = std::thread::spawn(move || {
+                let mut tx = db2.begin();
+                let r = tx.get(&t1, "k").and_then(|_| tx.put(&t1, "k2", "w"));
+                let r = r.map_err(|e| e.to_string());
+                let committed = r.is_ok() && tx.commit().is_ok();
+                (r, committed)
+            })
+            .join()
+            .unwrap();
+            // And the lock still excludes what it should: a writer of the locked table.
+            let (db3, lt) = (db.clone(), locked.clone());
+            let blocked = std::thread::spawn(move || {
+                let mut tx = db3.begin();
+                tx.put(&lt, "x", "y").is_err()
+            })
+            .join()
+            .unwrap();
+            holder.commit().unwrap();
+            if other.0.is_err() || !other.1 || !blocked {
+                report.push(format!(
+                    "{mode:?} on {name}: a transaction on table t1 got {:?}, a writer of \
+                     {name} blocked: {blocked}",
+                    other.0
+                ));
+            }
+        }
+    }
+    assert!(report.is_empty(), "{}", report.join("\n"));
+}

@@ -224,7 +224,9 @@ fn timeout_of_first_waiter_grants_the_next(kind: LockTableKind) {
     let t = table(kind, DeadlockPolicy::Timeout);
     let k = key(2);
     t.lock(1, &k, S, LONG).unwrap();
-    let hb = spawn_lock(&t, 2, &k, X, Duration::from_millis(60));
+    // B's wait must outlast C's thread start and enqueue: 60 ms did not on a loaded
+    // 2-core machine (B gave up first and C was granted at once, never waiting).
+    let hb = spawn_lock(&t, 2, &k, X, Duration::from_millis(400));
     wait_until("B waits", || t.waiters(&k) == 1);
     let hc = spawn_lock(&t, 3, &k, S, LONG);
     wait_until("C waits", || t.waiters(&k) == 2);

@@ -454,7 +454,8 @@ impl Database {
         } else {
             LogMode::None
         };
-        // Table ids beyond the capacity share counters (`id % capacity`): conservative.
+        // Table ids at or beyond the capacity take their intent locks in the lock table
+        // (`TwoPl::coarse_lock`).
         let lil = (opts.intent_locks == IntentLockKind::Lightweight).then(|| {
             Arc::new(LightweightIntentLocks::new(
                 4096,
@@ -502,8 +503,9 @@ impl Database {
         db
     }
 
-    /// What recovery did when this database was opened (`None` for in-memory databases and
-    /// databases without a log).
+    /// What recovery did when this database was opened: `None` for in-memory databases. A
+    /// database on a directory reports its recovery even when opened with
+    /// [`LogMode::None`] (which reads no log: zero records).
     ///
     /// ```
     /// # fn main() -> shoal::Result<()> {

@@ -64,7 +64,7 @@ use std::ops::Bound;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering as AtomicOrdering};
 
 use super::node::{
-    is_overflow_len, leaf_prefetch_lines, Image, Item, Node, Probe, KIND_FREE, KIND_INNER,
+    is_overflow_len, leaf_prefetch_lines, Entry, Image, Item, Node, Probe, KIND_FREE, KIND_INNER,
     KIND_LEAF, OVF_REF,
 };
 use super::overflow;
@@ -89,6 +89,30 @@ pub struct Record {
     /// transaction that wrote the record, with the top bit as the lock bit held by a committing
     /// writer. Written only under the leaf's exclusive latch. Always 0 under two-phase locking.
     pub tid: u64,
+}
+
+impl Record {
+    /// A live record holding a copy of `value`, in the thread's spare buffer when it has one
+    /// (the tree gives that buffer back once the record is in a page, so an insert through
+    /// [`BTree::update`] allocates nothing).
+    ///
+    /// ```
+    /// use shoal::storage::btree::{BTree, Record};
+    /// let t = BTree::new();
+    /// t.update(b"k", |s| *s = Some(Record::copied(b"v")));
+    /// assert_eq!(t.get(b"k", |r| r.unwrap().value.clone()), b"v");
+    /// ```
+    pub fn copied(value: &[u8]) -> Record {
+        // `try_with`: a thread being torn down has no buffer to lend.
+        let mut v = SCRATCH.try_with(Cell::take).unwrap_or_default();
+        v.clear();
+        v.extend_from_slice(value);
+        Record {
+            value: v,
+            ghost: false,
+            tid: 0,
+        }
+    }
 }
 
 /// The root's page id.
@@ -205,8 +229,18 @@ impl Default for BTree {
 }
 
 thread_local! {
-    /// A value buffer reused by lookups, so that a `get` allocates nothing.
+    /// A value buffer reused by lookups and updates, so that neither allocates.
     static SCRATCH: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
+}
+
+/// Keeps `v`'s allocation as the thread's [`SCRATCH`] buffer (unless it is larger than a
+/// page: one huge value must not stay pinned per thread).
+fn give_back(mut v: Vec<u8>) {
+    if v.capacity() <= PAGE_SIZE {
+        v.clear();
+        // `try_with`: a thread being torn down keeps nothing.
+        let _ = SCRATCH.try_with(|s| s.set(v));
+    }
 }
 
 /// What a leaf operation found: the record copied out, or none.
@@ -526,9 +560,7 @@ impl BTree {
         rec.ghost = c.ghost;
         rec.tid = c.tid;
         let r = f(c.found.then_some(&mut rec));
-        if rec.value.capacity() <= PAGE_SIZE {
-            let _ = SCRATCH.try_with(|s| s.set(rec.value));
-        }
+        give_back(rec.value);
         (r, self.hint_at(pid, at))
     }
 
@@ -735,7 +767,10 @@ impl BTree {
             None => None,
         };
         let underfull_before = self.underfull(n);
-        let mut value = Vec::new();
+        // The thread's lookup buffer, given back once the record is in the page: an update
+        // allocates nothing for its copy of the record (a nested call meanwhile finds the
+        // buffer gone and allocates its own).
+        let mut value = SCRATCH.try_with(Cell::take).unwrap_or_default();
         let c = self.copy_record(n, found, &mut value);
         let old_ref = match found {
             Ok(i) if n.meta(i).ovf => {
@@ -745,11 +780,16 @@ impl BTree {
             }
             _ => None,
         };
-        let mut slot = c.found.then_some(Record {
-            value,
-            ghost: c.ghost,
-            tid: c.tid,
-        });
+        let mut slot = if c.found {
+            Some(Record {
+                value,
+                ghost: c.ghost,
+                tid: c.tid,
+            })
+        } else {
+            give_back(value);
+            None
+        };
         let r = f(&mut slot, prior);
         match (found, slot) {
             (Err(_), None) => Applied::Done(r, false),
@@ -768,12 +808,14 @@ impl BTree {
                     if *old == rec.value && (is_overflow_len(old.len()) || !can_split) {
                         let ok = n.replace_value(i, oref, true, rec.ghost, rec.tid);
                         debug_assert!(ok);
+                        give_back(rec.value);
                         return Applied::Done(r, false);
                     }
                     overflow::free(&self.store, oref);
                 }
                 let inline = !is_overflow_len(rec.value.len());
                 if inline && n.replace_value(i, &rec.value, false, rec.ghost, rec.tid) {
+                    give_back(rec.value);
                     return Applied::Done(r, false);
                 }
                 if inline && can_split {
@@ -791,6 +833,7 @@ impl BTree {
                 }
                 let oref = overflow::write(&self.store, &rec.value);
                 if n.replace_value(i, &oref, true, rec.ghost, rec.tid) {
+                    give_back(rec.value);
                     return if inline {
                         Applied::Spilled(r)
                     } else {
@@ -806,16 +849,22 @@ impl BTree {
                 )
             }
             (Err(i), Some(rec)) => {
-                let it = if is_overflow_len(rec.value.len()) {
-                    let oref = overflow::write(&self.store, &rec.value);
-                    Self::item(p.bytes.to_vec(), rec.tid, rec.ghost, oref.to_vec(), true)
-                } else {
-                    Self::item(p.bytes.to_vec(), rec.tid, rec.ghost, rec.value, false)
+                let oref = is_overflow_len(rec.value.len())
+                    .then(|| overflow::write(&self.store, &rec.value));
+                let it = Entry {
+                    key: p.bytes,
+                    word: rec.tid,
+                    val: oref.as_ref().map_or(&rec.value[..], |o| &o[..]),
+                    ghost: rec.ghost,
+                    ovf: oref.is_some(),
                 };
-                if n.count() < self.leaf_cap && n.insert(i, &it) {
+                // The key and value go into the page from where they are; only a split
+                // needs an owned copy.
+                if n.count() < self.leaf_cap && n.insert_entry(i, it) {
+                    give_back(rec.value);
                     Applied::Done(r, false)
                 } else {
-                    Applied::Split(r, i, it)
+                    Applied::Split(r, i, it.to_item())
                 }
             }
         }

@@ -4,6 +4,7 @@
 
 pub mod btree;
 mod node;
+pub(crate) use node::stored_len;
 pub mod olc;
 mod overflow;
 pub mod page;

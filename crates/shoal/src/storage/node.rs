@@ -203,7 +203,52 @@ pub struct Item {
 impl Item {
     /// Bytes this item takes in a page, slot included.
     pub fn size(&self) -> usize {
+        self.entry().size()
+    }
+
+    /// The item, borrowed.
+    pub fn entry(&self) -> Entry<'_> {
+        Entry {
+            key: &self.key,
+            word: self.word,
+            val: &self.val,
+            ghost: self.ghost,
+            ovf: self.ovf,
+        }
+    }
+}
+
+/// An [`Item`] whose key and value are borrowed: an insert writes them into the page
+/// straight from the caller's buffers, with no copy of its own to allocate.
+#[derive(Clone, Copy, Debug)]
+pub struct Entry<'a> {
+    /// The key (a leaf's record key or an inner node's separator).
+    pub key: &'a [u8],
+    /// The TID word (leaf) or the child to the right of the separator (inner).
+    pub word: u64,
+    /// Inline value bytes, or the overflow reference when `ovf` (leaf only).
+    pub val: &'a [u8],
+    /// Ghost bit (leaf only).
+    pub ghost: bool,
+    /// `val` is an overflow reference.
+    pub ovf: bool,
+}
+
+impl Entry<'_> {
+    /// Bytes this entry takes in a page, slot included.
+    pub fn size(&self) -> usize {
         SLOT + pad8(self.key.len() + self.val.len())
+    }
+
+    /// An owned copy.
+    pub fn to_item(self) -> Item {
+        Item {
+            key: self.key.to_vec(),
+            word: self.word,
+            val: self.val.to_vec(),
+            ghost: self.ghost,
+            ovf: self.ovf,
+        }
     }
 }
 
@@ -592,16 +637,16 @@ impl<'a> Node<'a> {
         }
         for (i, it) in img.items.iter().enumerate() {
             start -= pad8(it.key.len() + it.val.len());
-            self.put_item(i, start, it);
+            self.put_item(i, start, it.entry());
         }
         self.set_data(start, PAGE_SIZE - start);
         self.update_hints(0, 0);
     }
 
     /// Writes `it`'s record at byte offset `at` and fills slot `i` for it.
-    fn put_item(&self, i: usize, at: usize, it: &Item) {
-        self.0.write_bytes(at, &it.key);
-        self.0.write_unaligned(at + it.key.len(), &it.val);
+    fn put_item(&self, i: usize, at: usize, it: Entry<'_>) {
+        self.0.write_bytes(at, it.key);
+        self.0.write_unaligned(at + it.key.len(), it.val);
         let m = Meta {
             off: at,
             klen: it.key.len(),
@@ -609,7 +654,7 @@ impl<'a> Node<'a> {
             ghost: it.ghost,
             ovf: it.ovf,
         };
-        self.set_slot(i, &it.key, m, it.word);
+        self.set_slot(i, it.key, m, it.word);
     }
 
     /// Packs the records and fences at the end of the page, so that the free bytes are one
@@ -667,6 +712,11 @@ impl<'a> Node<'a> {
     /// Inserts an entry at slot `i` if it fits (compacting the page if that makes room);
     /// false if the page is too full. Exclusive latch.
     pub fn insert(&self, i: usize, it: &Item) -> bool {
+        self.insert_entry(i, it.entry())
+    }
+
+    /// [`insert`](Self::insert) of a borrowed entry.
+    pub fn insert_entry(&self, i: usize, it: Entry<'_>) -> bool {
         let need = it.size();
         if self.gap() < need {
             if self.free_total() < need {
@@ -814,10 +864,32 @@ pub fn is_overflow_len(len: usize) -> bool {
     len > INLINE_VALUE
 }
 
+/// Bytes of table pages a value of `len` bytes takes once stored: its bytes when inline,
+/// else the whole pages of its overflow chain and the reference left in the leaf (a value
+/// just past [`INLINE_VALUE`] takes a page 16 times its size).
+pub fn stored_len(len: usize) -> usize {
+    if is_overflow_len(len) {
+        len.div_ceil(OVERFLOW_BYTES)
+            .saturating_mul(PAGE_SIZE)
+            .saturating_add(OVF_REF)
+    } else {
+        len
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::storage::page::PageStore;
+
+    #[test]
+    fn an_overflow_value_is_counted_by_its_whole_pages() {
+        assert_eq!(stored_len(0), 0);
+        assert_eq!(stored_len(INLINE_VALUE), INLINE_VALUE);
+        assert_eq!(stored_len(INLINE_VALUE + 1), PAGE_SIZE + OVF_REF);
+        assert_eq!(stored_len(OVERFLOW_BYTES), PAGE_SIZE + OVF_REF);
+        assert_eq!(stored_len(OVERFLOW_BYTES + 1), 2 * PAGE_SIZE + OVF_REF);
+    }
 
     fn item(k: u32, vlen: usize) -> Item {
         Item {

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use parking_lot::{Condvar, Mutex};
 use rustc_hash::FxHashSet;
 
-use super::twopl::{has_exclusive, undo_writes, TwoPl};
+use super::twopl::{has_exclusive, TwoPl};
 use super::Ctx;
 use crate::db::{Elr, LogMode, Table};
 use crate::error::{Error, Result};
@@ -279,7 +279,7 @@ impl TwoPl {
                         // A commit that will never be durable is rolled back before its
                         // locks go (without ELR nobody has seen its writes).
                         if res.is_err() {
-                            undo_writes(&mut undo, &tables, &mut ghosts);
+                            undo.undo(&tables, &mut ghosts);
                         }
                         undo.clear();
                         if let Some(st) = state {
@@ -311,16 +311,16 @@ impl TwoPl {
     fn redo_record(&self, cx: &Ctx<'_>) -> LogRecord {
         let mut seen: FxHashSet<(u16, &[u8])> = FxHashSet::default();
         let mut writes = Vec::new();
-        for u in &self.undo {
-            if seen.insert((u.table, &u.key)) {
-                let t = cx.table(u.table);
+        for (table, key) in self.undo.keys() {
+            if seen.insert((table, key)) {
+                let t = cx.table(table);
                 let value = t
                     .inner
                     .tree
-                    .get(&u.key, |r| r.filter(|r| !r.ghost).map(|r| r.value.clone()));
+                    .get(key, |r| r.filter(|r| !r.ghost).map(|r| r.value.clone()));
                 writes.push(LogWrite {
                     table: t.inner.id,
-                    key: u.key.to_vec(),
+                    key: key.to_vec(),
                     value,
                 });
             }

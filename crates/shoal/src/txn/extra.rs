@@ -123,7 +123,8 @@ impl Transaction<'_> {
                 return Err(Error::ValueTooLarge { len: v.len(), max });
             }
             // The new value counts against the memory limit, as `put`'s does.
-            super::room(inner, table, pending, key.len() + v.len())?;
+            let stored = crate::storage::stored_len(v.len());
+            super::room(inner, table, pending, key.len() + stored)?;
             Ok(v)
         };
         dispatch!(&mut self.cc, p => p.update(&mut self.cx, slot, key, f))

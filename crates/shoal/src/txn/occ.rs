@@ -285,23 +285,37 @@ impl Occ {
 
     /// Reads `key`: from the write set, else from the tree (recorded in the read set).
     fn read(&mut self, cx: &mut Ctx<'_>, slot: u16, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        let mut v = Vec::new();
+        Ok(self.read_into(cx, slot, key, &mut v)?.then_some(v))
+    }
+
+    /// [`read`](Self::read) into `out` (replacing its contents when the key is live):
+    /// whether it is.
+    fn read_into(
+        &mut self,
+        cx: &mut Ctx<'_>,
+        slot: u16,
+        key: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<bool> {
         let t = cx.table(slot);
         let st = &mut self.st;
         if let Some(w) = st.own(t.inner.id, key) {
-            return Ok(w.value.clone());
+            out.clear();
+            return Ok(w.value.as_ref().map(|v| out.extend_from_slice(v)).is_some());
         }
         let mut spin = Spin::new();
         let mut hint = None;
         let detail = loop {
-            let (got, h) = read_once(&t.inner.tree, key, hint);
-            if let Some((seen, value)) = got {
+            let (got, h) = read_once(&t.inner.tree, key, hint, out);
+            if let Some((seen, live)) = got {
                 st.reads.push(Read {
                     slot,
                     key: key.into(),
                     seen,
                     hint: h,
                 });
-                return Ok(value);
+                return Ok(live);
             }
             hint = Some(h);
             if !spin.wait() {
@@ -514,6 +528,17 @@ impl Occ {
 impl Protocol for Occ {
     fn get(&mut self, cx: &mut Ctx<'_>, slot: u16, key: &[u8]) -> Result<Option<Vec<u8>>> {
         self.read(cx, slot, key)
+    }
+
+    fn get_into(
+        &mut self,
+        cx: &mut Ctx<'_>,
+        slot: u16,
+        key: &[u8],
+        _for_update: bool,
+        out: &mut Vec<u8>,
+    ) -> Result<bool> {
+        self.read_into(cx, slot, key, out)
     }
 
     fn write(&mut self, cx: &mut Ctx<'_>, slot: u16, key: &[u8], w: Write<'_>) -> Result<()> {

@@ -46,24 +46,17 @@ use std::time::Duration;
 
 use rustc_hash::FxHashMap;
 
+use super::undo::{Before, UndoLog};
 use super::{
     as_ref_bound, int_value, CommitTicket, Ctx, IntOp, Modify, Protocol, Rows, Span, Write,
     SCAN_CHUNK,
 };
-use crate::db::{DbInner, LogMode, Table, TableSlots};
+use crate::db::{DbInner, LogMode, TableSlots};
 use crate::error::{show_key, Error, Result};
 use crate::lock::intent::{LightweightIntentLocks, PrivateIntents};
 use crate::lock::modes::{cursor_mode, CursorDir, CursorStep, Part};
 use crate::lock::{LockFailure, LockId, LockMode, TaggedGrant, TxnId};
 use crate::storage::btree::{LeafHint, Record};
-
-/// One undo entry: the before-image of a record this transaction changed.
-pub(super) struct Undo {
-    pub(super) table: u16,
-    pub(super) key: Box<[u8]>,
-    /// `None`: the record did not exist; abort turns it into a ghost.
-    pub(super) before: Option<Record>,
-}
 
 /// The state of a two-phase-locking transaction: its locks, its undo list and its ghosts.
 pub(super) struct TwoPl {
@@ -73,7 +66,7 @@ pub(super) struct TwoPl {
     pub(super) held: FxHashMap<LockId, LockMode>,
     /// Intent locks held in the lightweight intent lock table (when it is on).
     pub(super) intents: PrivateIntents,
-    pub(super) undo: Vec<Undo>,
+    pub(super) undo: UndoLog,
     /// Keys this transaction turned into ghosts (deleted, or inserted and then aborted):
     /// candidates for removal once its locks are gone.
     pub(super) ghosts: Vec<(u16, Box<[u8]>)>,
@@ -94,37 +87,6 @@ pub(super) fn has_exclusive(m: LockMode) -> bool {
         m,
         LockMode::N | LockMode::S | LockMode::NS | LockMode::SN | LockMode::IS
     )
-}
-
-/// Puts back the before-image of every write in `undo`, newest first; keys that did not exist
-/// become ghosts (listed in `ghosts` for removal).
-pub(super) fn undo_writes(
-    undo: &mut Vec<Undo>,
-    tables: &[impl std::borrow::Borrow<Table>],
-    ghosts: &mut Vec<(u16, Box<[u8]>)>,
-) {
-    while let Some(u) = undo.pop() {
-        let table: &Table = tables[u.table as usize].borrow();
-        let mut ghost = false;
-        table.inner.tree.update(&u.key, |rec| match u.before {
-            // A ghost this transaction had revived is a ghost again: its deleter's entry may
-            // have been dropped while the key was live, so list it here too.
-            Some(r) => {
-                ghost = r.ghost;
-                *rec = Some(r);
-            }
-            None => {
-                if let Some(r) = rec.as_mut() {
-                    r.ghost = true;
-                    r.value = Vec::new();
-                    ghost = true;
-                }
-            }
-        });
-        if ghost {
-            ghosts.push((u.table, u.key));
-        }
-    }
 }
 
 thread_local! {
@@ -149,6 +111,7 @@ impl Drop for TwoPl {
             // `try_with`: nothing to keep during thread teardown.
             let _ = SPARE_HELD.try_with(|s| s.set(held));
         }
+        std::mem::take(&mut self.undo).recycle();
     }
 }
 
@@ -163,7 +126,7 @@ impl TwoPl {
                 FxHashMap::default()
             },
             intents: PrivateIntents::default(),
-            undo: Vec::new(),
+            undo: UndoLog::new(),
             ghosts: Vec::new(),
             max_tag: 0,
             track_tags: locking
@@ -360,17 +323,13 @@ impl TwoPl {
         }
         let mode = if write { LockMode::IX } else { LockMode::IS };
         let tid = cx.table(slot).inner.id;
-        if let Some(lil) = &cx.inner().lil {
+        if cx.inner().lil.is_some() {
             // Lightweight intent locks (Kimura §3.2): counters, not lock-table queues.
             // Object 0 is the database, object `t` table `t`.
-            for (obj, id) in [(0, LockId::Database), (tid, LockId::Table(tid))] {
-                if let Err(f) = Self::acquire_intent(lil, &mut self.intents, obj, mode) {
-                    let e = lock_error(cx, &id, f);
-                    self.fail(cx, &e);
-                    return Err(e);
-                }
-            }
-            return Ok(());
+            return self.coarse_lock(
+                cx,
+                &[(0, LockId::Database, mode), (tid, LockId::Table(tid), mode)],
+            );
         }
         self.lock(cx, LockId::Database, mode)?;
         self.lock(cx, LockId::Table(tid), mode)
@@ -445,7 +404,7 @@ impl TwoPl {
     }
 
     pub(super) fn rollback(&mut self, cx: &mut Ctx<'_>) {
-        undo_writes(&mut self.undo, &cx.tables, &mut self.ghosts);
+        self.undo.undo(&cx.tables, &mut self.ghosts);
     }
 
     /// The common write path: with XN held on `key`, replaces the live value (or creates the
@@ -468,19 +427,18 @@ impl TwoPl {
             /// No record; the prior key if the leaf showed it (a hint for the insert).
             Absent(Option<Option<Vec<u8>>>),
         }
-        let mut before = None;
         let hint = self.hint(slot);
+        let undo = &mut self.undo;
         let (step, h) = tree.update_with_prior(key, hint, |rec, prior| match rec {
             Some(r) => {
                 let cur = if r.ghost { None } else { Some(&r.value[..]) };
                 match f(cur) {
                     Ok(v) => {
-                        // The old value moves into the undo image (no copy of it).
-                        before = Some(Record {
-                            value: std::mem::replace(&mut r.value, v.as_ref().to_vec()),
-                            ghost: r.ghost,
-                            tid: r.tid,
-                        });
+                        // The old value is copied to the undo list, the new one over it
+                        // in the record's buffer: no allocation for either.
+                        undo.push(slot, key, Some(Before::of(r)));
+                        r.value.clear();
+                        r.value.extend_from_slice(v.as_ref());
                         r.ghost = false;
                         Step::Done(v)
                     }
@@ -492,11 +450,6 @@ impl TwoPl {
         self.set_hint(slot, h);
         match step {
             Step::Done(v) => {
-                self.undo.push(Undo {
-                    table: slot,
-                    key: key.into(),
-                    before,
-                });
                 self.charged(cx, key, v.as_ref().len())?;
                 Ok(v)
             }
@@ -532,23 +485,23 @@ impl TwoPl {
     ) -> Result<()> {
         if !self.locking {
             // `Serial` and `None`: no gap to protect, so no prior key to check.
-            let mut created = true;
             let tree = &cx.table(slot).inner.tree;
-            let (before, h) = tree.update_hinted(key, self.hint(slot), |rec| {
-                let before = rec.take().inspect(|_| created = false);
-                *rec = Some(Record {
-                    value: value.to_vec(),
-                    ghost: false,
-                    tid: 0,
-                });
-                before
+            let hint = self.hint(slot);
+            let undo = &mut self.undo;
+            let (_, h) = tree.update_hinted(key, hint, |rec| match rec {
+                Some(r) => {
+                    undo.push(slot, key, Some(Before::of(r)));
+                    r.value.clear();
+                    r.value.extend_from_slice(value);
+                    r.ghost = false;
+                    r.tid = 0;
+                }
+                None => {
+                    undo.push(slot, key, None);
+                    *rec = Some(Record::copied(value));
+                }
             });
             self.set_hint(slot, h);
-            self.undo.push(Undo {
-                table: slot,
-                key: key.into(),
-                before: if created { None } else { before },
-            });
             return Ok(());
         }
         loop {
@@ -577,11 +530,7 @@ impl TwoPl {
             let mut before = None;
             let mut put = |rec: &mut Option<Record>| match rec {
                 None => {
-                    *rec = Some(Record {
-                        value: value.to_vec(),
-                        ghost: false,
-                        tid: 0,
-                    });
+                    *rec = Some(Record::copied(value));
                     created = true;
                 }
                 Some(r) => {
@@ -620,30 +569,31 @@ impl TwoPl {
                 continue;
             }
             self.unlock_instant(cx, &gap, taken);
-            self.undo.push(Undo {
-                table: slot,
-                key: key.into(),
-                before: if created { None } else { before },
-            });
+            let before = before.as_ref().filter(|_| !created).map(Before::of);
+            self.undo.push(slot, key, before);
             return Ok(());
         }
     }
 
     /// Takes each `(lightweight-intent object, lock name, mode)` in order, through the
     /// lightweight intent lock table when it is on, else through the lock table.
+    ///
+    /// An object beyond the lightweight table's capacity (a table id of 4096 or more) is
+    /// locked in the lock table: sharing a counter with the object its id wraps to, table
+    /// 4096 locked the database and table 4097 table 1. Each object always goes the same
+    /// way, so every transaction meets every other on it in one place.
     fn coarse_lock(&mut self, cx: &mut Ctx<'_>, locks: &[(u32, LockId, LockMode)]) -> Result<()> {
-        if let Some(lil) = &cx.inner().lil {
-            for (obj, id, mode) in locks {
-                if let Err(f) = Self::acquire_intent(lil, &mut self.intents, *obj, *mode) {
-                    let e = lock_error(cx, id, f);
-                    self.fail(cx, &e);
-                    return Err(e);
+        for (obj, id, mode) in locks {
+            match &cx.inner().lil {
+                Some(lil) if (*obj as usize) < lil.capacity() => {
+                    if let Err(f) = Self::acquire_intent(lil, &mut self.intents, *obj, *mode) {
+                        let e = lock_error(cx, id, f);
+                        self.fail(cx, &e);
+                        return Err(e);
+                    }
                 }
+                _ => self.lock(cx, id.clone(), *mode)?,
             }
-            return Ok(());
-        }
-        for (_, id, mode) in locks {
-            self.lock(cx, id.clone(), *mode)?;
         }
         Ok(())
     }
@@ -664,13 +614,14 @@ impl TwoPl {
     /// A point read: SN on the key (XN when the transaction goes on to write it, so the
     /// write needs no upgrade: one lock request instead of two, and no deadlock of two
     /// readers that both upgrade), under the table's read or write intent.
-    fn read(
+    fn read<T>(
         &mut self,
         cx: &mut Ctx<'_>,
         slot: u16,
         key: &[u8],
         for_update: bool,
-    ) -> Result<Option<Vec<u8>>> {
+        take: impl FnOnce(&mut Vec<u8>) -> Option<T>,
+    ) -> Result<Option<T>> {
         self.intent(cx, slot, for_update)?;
         let mode = if for_update {
             LockMode::XN
@@ -684,7 +635,7 @@ impl TwoPl {
             .inner
             .tree
             .get_hinted_mut(key, hint, |rec| match rec {
-                Some(r) if !r.ghost => Some(std::mem::take(&mut r.value)),
+                Some(r) if !r.ghost => take(&mut r.value),
                 _ => None,
             });
         self.set_hint(slot, h);
@@ -694,7 +645,24 @@ impl TwoPl {
 
 impl Protocol for TwoPl {
     fn get(&mut self, cx: &mut Ctx<'_>, slot: u16, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        self.read(cx, slot, key, false)
+        self.read(cx, slot, key, false, |v| Some(std::mem::take(v)))
+    }
+
+    fn get_into(
+        &mut self,
+        cx: &mut Ctx<'_>,
+        slot: u16,
+        key: &[u8],
+        for_update: bool,
+        out: &mut Vec<u8>,
+    ) -> Result<bool> {
+        // The copy the tree made and `out` trade places: the value lands in `out` without
+        // being copied again, and `out`'s old buffer becomes the tree's spare buffer.
+        let got = self.read(cx, slot, key, for_update, |v| {
+            std::mem::swap(v, out);
+            Some(())
+        })?;
+        Ok(got.is_some())
     }
 
     fn get_for_update(
@@ -703,37 +671,29 @@ impl Protocol for TwoPl {
         slot: u16,
         key: &[u8],
     ) -> Result<Option<Vec<u8>>> {
-        self.read(cx, slot, key, true)
+        self.read(cx, slot, key, true, |v| Some(std::mem::take(v)))
     }
 
     fn delete(&mut self, cx: &mut Ctx<'_>, slot: u16, key: &[u8]) -> Result<bool> {
         self.intent(cx, slot, true)?;
         self.lock_key(cx, slot, key, LockMode::XN)?;
-        let mut before = None;
-        cx.table(slot).inner.tree.update(key, |rec| {
-            if let Some(r) = rec.as_mut() {
-                if !r.ghost {
-                    before = Some(Record {
-                        value: std::mem::take(&mut r.value),
-                        ghost: false,
-                        tid: 0,
-                    });
-                    r.ghost = true;
-                }
+        let undo = &mut self.undo;
+        let deleted = cx.table(slot).inner.tree.update(key, |rec| match rec {
+            Some(r) if !r.ghost => {
+                undo.push(slot, key, Some(Before::of(r)));
+                r.value.clear();
+                r.ghost = true;
+                true
             }
+            _ => false,
         });
-        match before {
-            Some(b) => {
-                self.undo.push(Undo {
-                    table: slot,
-                    key: key.into(),
-                    before: Some(b),
-                });
+        match deleted {
+            true => {
                 self.ghosts.push((slot, key.into()));
                 self.charged(cx, key, 0)?;
                 Ok(true)
             }
-            None => Ok(false),
+            false => Ok(false),
         }
     }
 

@@ -49,19 +49,29 @@ pub(super) fn locked(tid: u64) -> bool {
     tid & LOCK_BIT != 0
 }
 
-/// What a read found: what to record and the live value; `None` while the record is locked.
-pub(super) type Found = Option<(Seen, Option<Vec<u8>>)>;
+/// What a read found: what to record and whether the key is live (its value then in the
+/// caller's buffer); `None` while the record is locked.
+pub(super) type Found = Option<(Seen, bool)>;
 
 /// Value and TID of `key` in one version-validated copy of its leaf; `None` while a committer holds
-/// the record's lock bit. Also the hint of the leaf (tried first when `hint` is given).
-pub(super) fn read_once(tree: &BTree, key: &[u8], hint: Option<LeafHint>) -> (Found, LeafHint) {
+/// the record's lock bit. Also the hint of the leaf (tried first when `hint` is given). A live
+/// value goes to `out` by trading buffers with the tree's copy (no second copy); `out` is
+/// left as it was otherwise.
+pub(super) fn read_once(
+    tree: &BTree,
+    key: &[u8],
+    hint: Option<LeafHint>,
+    out: &mut Vec<u8>,
+) -> (Found, LeafHint) {
     tree.get_hinted_mut(key, hint, |rec| match rec {
-        None => Some((Seen::Absent, None)),
+        None => Some((Seen::Absent, false)),
         Some(r) if locked(r.tid) => None,
-        Some(r) => Some((
-            Seen::Tid(r.tid),
-            (!r.ghost).then(|| std::mem::take(&mut r.value)),
-        )),
+        Some(r) => {
+            if !r.ghost {
+                std::mem::swap(&mut r.value, out);
+            }
+            Some((Seen::Tid(r.tid), !r.ghost))
+        }
     })
 }
 
@@ -72,9 +82,10 @@ pub(crate) fn read_committed(tree: &BTree, key: &[u8]) -> Option<Vec<u8>> {
     let mut n = 0u32;
     let mut hint = None;
     loop {
-        let (got, h) = read_once(tree, key, hint);
-        if let Some((_, v)) = got {
-            return v;
+        let mut v = Vec::new();
+        let (got, h) = read_once(tree, key, hint, &mut v);
+        if let Some((_, live)) = got {
+            return live.then_some(v);
         }
         hint = Some(h);
         n += 1;

@@ -417,6 +417,8 @@ impl<'a> Dec<'a> {
 
 /// A field of a row: how [`Enc`] writes it and [`Dec`] reads it back.
 trait Field: Sized {
+    /// Bytes [`put`](Self::put) writes.
+    fn size(&self) -> usize;
     fn put(&self, e: Enc) -> Enc;
     fn get(d: &mut Dec<'_>) -> Self;
 }
@@ -425,6 +427,9 @@ trait Field: Sized {
 macro_rules! int_fields {
     ($($t:ident),*) => {$(
         impl Field for $t {
+            fn size(&self) -> usize {
+                std::mem::size_of::<$t>()
+            }
             fn put(&self, e: Enc) -> Enc {
                 e.$t(*self)
             }
@@ -438,6 +443,9 @@ macro_rules! int_fields {
 int_fields!(u8, u32, u64, i64);
 
 impl Field for Vec<u8> {
+    fn size(&self) -> usize {
+        2 + self.len().min(u16::MAX as usize)
+    }
     fn put(&self, e: Enc) -> Enc {
         e.s(self)
     }
@@ -458,7 +466,8 @@ macro_rules! rows {
 
         impl $name {
             fn encode(&self) -> Vec<u8> {
-                let e = Enc::default();
+                // Sized up front: a row grown from empty reallocated up to six times.
+                let e = Enc(Vec::with_capacity(0 $(+ self.$f.size())*));
                 $(let e = self.$f.put(e);)*
                 e.0
             }

@@ -173,21 +173,23 @@ impl Tpcc {
         self.insert_new(tx, &self.new_order, &wdid(w, d, o), &[])?;
         self.insert_new(tx, &self.order_cust, &oc_key(w, d, c, o), &[])?;
         let mut total = 0i64;
+        // One buffer for the item rows and one for the stock rows, reused by every line.
+        let (mut iv, mut sv) = (Vec::new(), Vec::new());
         for (n, l) in lines.iter().enumerate() {
-            let Some(iv) = tx.get(&self.item, item_key(l.i_id))? else {
+            if !tx.get_into(&self.item, item_key(l.i_id), &mut iv)? {
                 if rollback && n + 1 == lines.len() {
                     // The unused item: "Item number is not valid"; the harness rolls back.
                     return Ok(());
                 }
                 return Err(malformed("item"));
-            };
+            }
             let it = Item::decode(&iv).ok_or_else(|| malformed("item"))?;
             let sk = stock_key(l.supply_w, l.i_id);
             // Read for update: the row is written below (one exclusive lock under 2PL, not
             // a shared one and an upgrade).
-            let sv = tx
-                .get_for_update(&self.stock, sk)?
-                .ok_or_else(|| malformed("stock"))?;
+            if !tx.get_for_update_into(&self.stock, sk, &mut sv)? {
+                return Err(malformed("stock"));
+            }
             let mut st = Stock::decode(&sv).ok_or_else(|| malformed("stock"))?;
             let q = u32::from(l.qty);
             st.quantity = if st.quantity >= q + 10 {
@@ -364,10 +366,11 @@ impl Tpcc {
             .filter_map(|(_, v)| OrderLine::decode(v).map(|l| l.i_id))
             .collect();
         let mut low = 0;
+        let mut sv = Vec::new();
         for i in items {
-            let sv = tx
-                .get(&self.stock, stock_key(w, i))?
-                .ok_or_else(|| malformed("stock"))?;
+            if !tx.get_into(&self.stock, stock_key(w, i), &mut sv)? {
+                return Err(malformed("stock"));
+            }
             let st = Stock::decode(&sv).ok_or_else(|| malformed("stock"))?;
             if st.quantity < threshold {
                 low += 1;

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::record::{decode_frame_at, starts_flush, Frame, LogRecord, FRAME_HEADER, MAX_LSN};
+use super::record::{decode_frame_at, is_flush_start_at, starts_flush, Frame, LogRecord, MAX_LSN};
 use crate::error::{Error, Result};
 use crate::vfs::{on, VFile, Vfs};
 
@@ -297,17 +297,9 @@ fn nonzero_end(bytes: &[u8], off: usize) -> usize {
 /// last flush, and a flush's sectors may reach the disk in any order, so whole frames may
 /// follow a hole in it; none of them starts a later flush.
 fn flush_starts_after(bytes: &[u8], start: u64, off: usize) -> bool {
-    (off + 1..bytes.len()).any(|o| {
-        // A frame's length field is never 0 (a payload holds at least its kind byte): skip
-        // the zeros written ahead of the log without decoding them.
-        bytes[o..].len() >= FRAME_HEADER
-            && bytes[o..o + 4] != [0; 4]
-            && starts_flush(&bytes[o..])
-            && matches!(
-                decode_frame_at(&bytes[o..], start + o as u64),
-                Frame::Record(..)
-            )
-    })
+    // Linear in the bytes after `off` for any data but frames laid out on purpose (see
+    // `is_flush_start_at`).
+    (off + 1..bytes.len()).any(|o| is_flush_start_at(&bytes[o..], start + o as u64))
 }
 
 fn truncate(vfs: &dyn Vfs, p: &Path, len: u64) -> Result<()> {

@@ -1318,6 +1318,42 @@ fn a_database_is_refused_when_opened_without_the_log_directory_it_keeps_its_log_
     assert_eq!(dump(&db, "t").len(), 3);
 }
 
+/// A database's separate log directory opened as a database of its own: before, it opened,
+/// replayed the other database's log, appended to it, and its first checkpoint deleted the
+/// other's segments, which then opened no more ("log gap").
+#[test]
+fn a_log_directory_is_refused_as_a_database_directory() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let logs = tempfile::tempdir().expect("tempdir");
+    let with = Options::default().with_log_dir(Some(logs.path().to_path_buf()));
+    {
+        let db = Database::open(dir.path(), with.clone()).expect("open");
+        let t = db.create_table("t").expect("table");
+        db.run(|tx| tx.put(&t, "k", "v")).expect("commit");
+    }
+    let before = segments(logs.path());
+    let refused = |why: &str| match Database::open(logs.path(), Options::default()) {
+        Err(Error::InvalidOptions(m)) => assert!(m.contains("log directory"), "{why}: {m}"),
+        Err(e) => panic!("{why}: unexpected error {e}"),
+        Ok(db) => panic!(
+            "{why}: opened a log directory as a database: {:?}",
+            db.tables()
+        ),
+    };
+    refused("marked at its first open");
+    assert_eq!(
+        segments(logs.path()),
+        before,
+        "the refused open changed the log"
+    );
+    // A log directory from before the marker gets it at the database's next open.
+    std::fs::remove_file(logs.path().join("LOG-OF")).expect("the marker is there");
+    drop(Database::open(dir.path(), with.clone()).expect("reopen"));
+    refused("marked at a later open");
+    let db = Database::open(dir.path(), with).expect("reopen");
+    assert_eq!(dump(&db, "t").len(), 1);
+}
+
 /// A value as long as the options allow (just under the log's 1 GiB record limit) after a
 /// row of almost 4 MiB: a checkpoint record was cut only once it had reached 4 MiB, so it
 /// held both rows and was refused for exceeding the limit, at every attempt, and the log

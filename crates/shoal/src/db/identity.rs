@@ -7,7 +7,10 @@
 //! then also holds `LOG-ELSEWHERE`, naming the log directory: an open without
 //! [`Options::log_dir`](crate::Options::log_dir) is refused rather than finding no log and
 //! opening an empty database, and so is an open that names a separate log directory while
-//! the log is in the database directory.
+//! the log is in the database directory. The log directory holds `LOG-OF`, naming the
+//! database directory: opening the log directory as a database of its own is refused (it
+//! replayed the other database's log, appended to it, and its first checkpoint deleted the
+//! other's segments).
 //!
 //! The file also carries the on-disk format ([`FORMAT`]), so that a build never reads a log
 //! it would misread.
@@ -25,6 +28,8 @@ const FILE: &str = "SHOAL-ID";
 /// an open that forgot [`Options::log_dir`](crate::Options::log_dir) found no log in the
 /// database directory and opened an empty database, which then began a second log there.
 const ELSEWHERE: &str = "LOG-ELSEWHERE";
+/// In a separate log directory: names the database directory it serves.
+const LOG_OF: &str = "LOG-OF";
 const HEAD: &str = "shoal database ";
 const FORMAT_HEAD: &str = "format ";
 
@@ -56,6 +61,8 @@ pub(super) struct Claim {
     dir: PathBuf,
     stale: Vec<PathBuf>,
     elsewhere: Option<PathBuf>,
+    /// The separate log directory, when its [`LOG_OF`] marker is missing.
+    log_of: Option<PathBuf>,
 }
 
 impl Claim {
@@ -73,8 +80,11 @@ impl Claim {
         for d in &self.stale {
             write(vfs, d, FILE, &text)?;
         }
-        match &self.elsewhere {
-            Some(l) => write(vfs, &self.dir, ELSEWHERE, &format!("{}\n", l.display())),
+        if let Some(l) = &self.elsewhere {
+            write(vfs, &self.dir, ELSEWHERE, &format!("{}\n", l.display()))?;
+        }
+        match &self.log_of {
+            Some(l) => write(vfs, l, LOG_OF, &format!("{}\n", self.dir.display())),
             None => Ok(()),
         }
     }
@@ -84,6 +94,14 @@ impl Claim {
 /// format this build reads, and that the log is where it was; returns what to write once
 /// the database has opened.
 pub(super) fn claim(vfs: &dyn Vfs, dir: &Path, log_dir: Option<&Path>) -> Result<Claim> {
+    if let Some(db) = marker(vfs, dir, LOG_OF)? {
+        return Err(Error::InvalidOptions(format!(
+            "{} is the log directory of the database in {db} (says {}): open that database \
+             with `Options::log_dir` naming this directory",
+            dir.display(),
+            dir.join(LOG_OF).display()
+        )));
+    }
     let own = read(vfs, dir)?;
     let log = match log_dir {
         Some(l) => read(vfs, l)?,
@@ -101,12 +119,8 @@ pub(super) fn claim(vfs: &dyn Vfs, dir: &Path, log_dir: Option<&Path>) -> Result
             )));
         }
     }
-    let marker = dir.join(ELSEWHERE);
-    let elsewhere = match vfs.read(&marker) {
-        Ok(b) => Some(String::from_utf8_lossy(&b).trim_end().to_string()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-        Err(e) => return Err(crate::vfs::io_error("read", &marker, e)),
-    };
+    let marker_path = dir.join(ELSEWHERE);
+    let elsewhere = marker(vfs, dir, ELSEWHERE)?;
     match (&elsewhere, log_dir) {
         (Some(l), None) => {
             return Err(Error::InvalidOptions(format!(
@@ -114,7 +128,7 @@ pub(super) fn claim(vfs: &dyn Vfs, dir: &Path, log_dir: Option<&Path>) -> Result
                  it with `Options::log_dir` naming that directory (to keep the log in the \
                  database directory again, move its log-*.seg files there and remove {0})",
                 dir.display(),
-                marker.display()
+                marker_path.display()
             )))
         }
         (Some(l), Some(log_dir)) if log.is_none() => {
@@ -145,6 +159,10 @@ pub(super) fn claim(vfs: &dyn Vfs, dir: &Path, log_dir: Option<&Path>) -> Result
     if let Some(l) = log_dir.filter(|_| stale(&log)) {
         dirs.push(l.to_path_buf());
     }
+    let log_of = match log_dir {
+        Some(l) if marker(vfs, l, LOG_OF)?.is_none() => Some(l.to_path_buf()),
+        _ => None,
+    };
     Ok(Claim {
         id,
         dir: dir.to_path_buf(),
@@ -152,7 +170,18 @@ pub(super) fn claim(vfs: &dyn Vfs, dir: &Path, log_dir: Option<&Path>) -> Result
         elsewhere: log_dir
             .filter(|_| elsewhere.is_none())
             .map(Path::to_path_buf),
+        log_of,
     })
+}
+
+/// The text of marker file `name` in `dir` (its first line), if it is there.
+fn marker(vfs: &dyn Vfs, dir: &Path, name: &str) -> Result<Option<String>> {
+    let p = dir.join(name);
+    match vfs.read(&p) {
+        Ok(b) => Ok(Some(String::from_utf8_lossy(&b).trim_end().to_string())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(crate::vfs::io_error("read", &p, e)),
+    }
 }
 
 fn read(vfs: &dyn Vfs, dir: &Path) -> Result<Option<Stamp>> {

@@ -464,7 +464,7 @@ impl Database {
             ))
         });
         let doppel = (opts.cc == ConcurrencyControl::Doppel)
-            .then(|| crate::doppel::DoppelHandle::new(id, opts.doppel.clone()));
+            .then(|| crate::doppel::DoppelHandle::new(id, opts.doppel.clone(), opts.lock_timeout));
         let gate = crate::admission::gate(opts.admission, log_mode, opts.admission_quantum);
         let inner = Arc::new(DbInner {
             gate,
@@ -687,6 +687,11 @@ impl Database {
             };
             match res {
                 // Doppel: the next begin() waits for the joined phase; not a failed attempt.
+                // A re-run that gave up waiting for its joined phase and was stashed again
+                // ends here (see `doppel::began_overdue`).
+                other @ Err(Error::Stashed { .. }) if crate::doppel::began_overdue() => {
+                    return crate::txn::backoff::finished(other);
+                }
                 Err(Error::Stashed { .. }) if stashed < self.inner.opts.max_retries => {
                     stashed += 1;
                 }

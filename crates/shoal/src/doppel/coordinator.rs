@@ -258,6 +258,14 @@ impl Doppel {
         let mut last_classify = Instant::now();
         let mut joined_since = Instant::now();
         let mut split_since = Instant::now();
+        // After a cancelled change, the next waits (doubling up to `MAX_BACKOFF`): retried at
+        // the next tick, one long transaction kept `CHANGING` set, and with it every other
+        // `begin()` waiting, 96% of the time (a drain timeout per try).
+        let mut retry = Retry {
+            wait: Duration::ZERO,
+            at: Instant::now(),
+            min: o.drain_timeout,
+        };
         loop {
             // Parked rather than asleep: `DoppelHandle::shutdown` unparks it to stop at once.
             std::thread::park_timeout(tick);
@@ -279,6 +287,9 @@ impl Doppel {
                 let c = self.ctl.lock();
                 (c.desired.clone(), c.current.clone())
             };
+            if Instant::now() < retry.at {
+                continue;
+            }
             let w = self.word.load(Ordering::SeqCst);
             if w & SPLIT == 0 {
                 if self.pending.load(Ordering::Acquire) > 0 && joined_since.elapsed() < o.max_joined
@@ -291,7 +302,7 @@ impl Doppel {
                     // other, a change would drain the running transactions and block new
                     // ones for a split phase of nothing, at every tick.
                     let want = splittable(&*inner, &desired);
-                    if !want.is_empty() && self.change(&*inner, Some(&want)) {
+                    if !want.is_empty() && retry.after(self.change(&*inner, Some(&want))) {
                         split_since = Instant::now();
                     }
                 }
@@ -315,12 +326,37 @@ impl Doppel {
                 };
                 if due || stale {
                     let Some(inner) = db.upgrade() else { return };
-                    if self.change(&*inner, None) {
+                    if retry.after(self.change(&*inner, None)) {
                         joined_since = Instant::now();
                     }
                 }
             }
         }
+    }
+}
+
+/// Longest wait before the coordinator retries a phase change that was cancelled.
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+
+/// When the coordinator may try a phase change again.
+struct Retry {
+    wait: Duration,
+    at: Instant,
+    /// The first wait after a cancel (the drain timeout).
+    min: Duration,
+}
+
+impl Retry {
+    /// Notes whether a change went through (`ok`, passed on): a cancelled one doubles the
+    /// wait before the next, one that went through clears it.
+    fn after(&mut self, ok: bool) -> bool {
+        if ok {
+            self.wait = Duration::ZERO;
+        } else {
+            self.wait = (self.wait * 2).clamp(self.min, MAX_BACKOFF.max(self.min));
+            self.at = Instant::now() + self.wait;
+        }
+        ok
     }
 }
 
@@ -341,9 +377,11 @@ impl Drop for DoppelHandle {
 }
 
 impl DoppelHandle {
-    pub(crate) fn new(db: u64, opts: DoppelOptions) -> DoppelHandle {
+    /// The runtime of database `db`; a stashed re-run waits at most `stash_wait` for its
+    /// joined phase.
+    pub(crate) fn new(db: u64, opts: DoppelOptions, stash_wait: Duration) -> DoppelHandle {
         DoppelHandle {
-            rt: Doppel::new(db, opts),
+            rt: Doppel::new(db, opts, stash_wait),
             coordinator: Mutex::new(None),
         }
     }

@@ -31,7 +31,12 @@
 //! phase at once, so nested transactions cannot deadlock a change; and if running
 //! transactions do not drain within [`DoppelOptions::drain_timeout`] (say a transaction that
 //! waits for another thread's `begin()`), the change is cancelled, the waiting `begin()`s go
-//! on, and the coordinator tries again later. When the split phase ends, each worker's slices
+//! on, and the coordinator tries again later (after the drain timeout, doubling per cancel up
+//! to a second, so that one long transaction does not keep every `begin()` waiting). A
+//! stashed re-run waits for its joined phase at most [`Options::lock_timeout`](crate::Options::lock_timeout); then it goes
+//! on in the split phase, and if it is stashed again `Database::run` returns
+//! [`Error::Stashed`] (its joined phase could not come: a running
+//! transaction waits for it). When the split phase ends, each worker's slices
 //! are merged into the global records (OP_reconcile) while no transaction runs; the next
 //! phase starts after that.
 //!
@@ -279,6 +284,16 @@ thread_local! {
     static STASHED: RefCell<Vec<StashMark>> = const { RefCell::new(Vec::new()) };
     /// Transactions begun on this thread (for sampling).
     static BEGUN: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+    /// This thread's last `begin()` was a stashed re-run that gave up waiting for a joined
+    /// phase (see [`Doppel::enter`]).
+    static OVERDUE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether this thread's last transaction began as a stashed re-run that waited longer than
+/// [`Options::lock_timeout`](crate::Options::lock_timeout) for a joined phase and went on in
+/// a split phase: a stash of it ends `Database::run`'s retries.
+pub(crate) fn began_overdue() -> bool {
+    OVERDUE.try_with(std::cell::Cell::get).unwrap_or(false)
 }
 
 /// This thread's worker id: a small integer, distinct among live threads, assigned on first
@@ -407,6 +422,8 @@ struct Control {
 pub(crate) struct Doppel {
     db: u64,
     opts: DoppelOptions,
+    /// Longest wait of a stashed re-run for its joined phase (the database's lock timeout).
+    stash_wait: Duration,
     word: CachePadded<AtomicU64>,
     slots: Box<[CachePadded<Slot>]>,
     gate: Mutex<()>,
@@ -457,11 +474,12 @@ impl Entered {
 }
 
 impl Doppel {
-    pub(crate) fn new(db: u64, opts: DoppelOptions) -> Arc<Doppel> {
+    pub(crate) fn new(db: u64, opts: DoppelOptions, stash_wait: Duration) -> Arc<Doppel> {
         let n = opts.slots.max(1);
         Arc::new(Doppel {
             db,
             opts,
+            stash_wait,
             word: CachePadded::new(AtomicU64::new(0)),
             slots: (0..n).map(|_| CachePadded::new(Slot::default())).collect(),
             gate: Mutex::new(()),
@@ -514,13 +532,23 @@ impl Doppel {
                 .ok()
                 .flatten()
         };
+        // A stashed re-run waits for a joined phase, which needs every running transaction
+        // to end. One that waits (outside the engine) for this thread's result never ends:
+        // the phase changes are cancelled over and over, and the re-run waited for ever. So
+        // it waits as long as a lock wait may (`Options::lock_timeout`), then goes on in the
+        // phase there is; a split record it touches stashes it again, and `Database::run`
+        // then returns the `Stashed` error instead of re-running it (a deadlock broken by a
+        // timeout, as under 2PL).
+        let since = mark.map(|_| Instant::now());
+        let mut overdue = false;
         let w = loop {
             let w = self.word.load(Ordering::SeqCst);
             if !nested {
-                let wait_joined = joined_only || mark.is_some();
+                overdue = overdue || since.is_some_and(|s| s.elapsed() > self.stash_wait);
+                let wait_mark = mark.is_some() && !overdue;
                 if w & CHANGING != 0
-                    || (wait_joined && w & SPLIT != 0)
-                    || mark.is_some_and(|e| epoch_of(w) <= e)
+                    || ((joined_only || wait_mark) && w & SPLIT != 0)
+                    || (wait_mark && mark.is_some_and(|e| epoch_of(w) <= e))
                 {
                     self.wait_while(w);
                     continue;
@@ -533,9 +561,12 @@ impl Doppel {
             self.slots[slot].active.fetch_sub(1, Ordering::SeqCst);
         };
         if mark.is_some() {
-            // The re-run has begun in a joined phase: the mark goes (and with it the pending
-            // count the coordinator waits for).
+            // The re-run has begun (in a joined phase, unless overdue): the mark goes (and
+            // with it the pending count the coordinator waits for).
             let _ = STASHED.try_with(|s| s.borrow_mut().retain(|m| m.db != self.db));
+        }
+        if !nested {
+            let _ = OVERDUE.try_with(|o| o.set(overdue));
         }
         active_add(self.db, 1);
         let every = self.opts.sample_every.max(1);

@@ -84,12 +84,16 @@ impl<T> StashQueue<T> {
         }
         // The thread's wait mark (and its pending count) passes to the queue.
         let db = rt.db;
-        let marked = STASHED.with(|s| {
-            let mut s = s.borrow_mut();
-            let e = s.iter().find(|m| m.db == db).map(|m| m.epoch);
-            s.retain(|m| m.db != db);
-            e
-        });
+        // `try_with`: a thread being torn down (a queue in a thread-local) has no marks.
+        let marked = STASHED
+            .try_with(|s| {
+                let mut s = s.borrow_mut();
+                let e = s.iter().find(|m| m.db == db).map(|m| m.epoch);
+                s.retain(|m| m.db != db);
+                e
+            })
+            .ok()
+            .flatten();
         let w = rt.word.load(Ordering::SeqCst);
         self.epoch = self.epoch.max(marked.unwrap_or(epoch_of(w)));
         self.items.push_back(item);

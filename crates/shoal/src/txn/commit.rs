@@ -12,7 +12,6 @@
 use std::sync::Arc;
 
 use parking_lot::{Condvar, Mutex};
-use rustc_hash::FxHashSet;
 
 use super::twopl::{has_exclusive, TwoPl};
 use super::Ctx;
@@ -309,22 +308,17 @@ impl TwoPl {
 
     /// The commit record: the after-image of every key this transaction changed.
     fn redo_record(&self, cx: &Ctx<'_>) -> LogRecord {
-        let mut seen: FxHashSet<(u16, &[u8])> = FxHashSet::default();
-        let mut writes = Vec::new();
-        for (table, key) in self.undo.keys() {
-            if seen.insert((table, key)) {
-                let t = cx.table(table);
-                let value = t
-                    .inner
-                    .tree
-                    .get(key, |r| r.filter(|r| !r.ghost).map(|r| r.value.clone()));
-                writes.push(LogWrite {
-                    table: t.inner.id,
-                    key: key.to_vec(),
-                    value,
-                });
-            }
-        }
+        // From the undo list's after-images: no descent of the tree per key.
+        let writes = self
+            .undo
+            .redo()
+            .into_iter()
+            .map(|(table, key, value)| LogWrite {
+                table: cx.table(table).inner.id,
+                key: key.to_vec(),
+                value: value.map(<[u8]>::to_vec),
+            })
+            .collect();
         LogRecord::Commit { txn: cx.id, writes }
     }
 }

@@ -436,7 +436,7 @@ impl TwoPl {
                     Ok(v) => {
                         // The old value is copied to the undo list, the new one over it
                         // in the record's buffer: no allocation for either.
-                        undo.push(slot, key, Some(Before::of(r)));
+                        undo.push(slot, key, Some(Before::of(r)), Some(v.as_ref()));
                         r.value.clear();
                         r.value.extend_from_slice(v.as_ref());
                         r.ghost = false;
@@ -490,14 +490,14 @@ impl TwoPl {
             let undo = &mut self.undo;
             let (_, h) = tree.update_hinted(key, hint, |rec| match rec {
                 Some(r) => {
-                    undo.push(slot, key, Some(Before::of(r)));
+                    undo.push(slot, key, Some(Before::of(r)), Some(value));
                     r.value.clear();
                     r.value.extend_from_slice(value);
                     r.ghost = false;
                     r.tid = 0;
                 }
                 None => {
-                    undo.push(slot, key, None);
+                    undo.push(slot, key, None, Some(value));
                     *rec = Some(Record::copied(value));
                 }
             });
@@ -570,7 +570,7 @@ impl TwoPl {
             }
             self.unlock_instant(cx, &gap, taken);
             let before = before.as_ref().filter(|_| !created).map(Before::of);
-            self.undo.push(slot, key, before);
+            self.undo.push(slot, key, before, Some(value));
             return Ok(());
         }
     }
@@ -680,7 +680,7 @@ impl Protocol for TwoPl {
         let undo = &mut self.undo;
         let deleted = cx.table(slot).inner.tree.update(key, |rec| match rec {
             Some(r) if !r.ghost => {
-                undo.push(slot, key, Some(Before::of(r)));
+                undo.push(slot, key, Some(Before::of(r)), None);
                 r.value.clear();
                 r.ghost = true;
                 true

@@ -1,13 +1,17 @@
 //! The undo list of a two-phase-locking transaction (and of `Serial` and `None`, which share
-//! its path): the before-image of every record it changed, newest last.
+//! its path): the before-image and the after-image of every record it changed, newest last.
 //!
 //! The keys and values live in one byte buffer, the entries name ranges of it. A write copies
-//! its key and the old value there (a few hundred bytes, usually in cache) instead of
-//! allocating a key and a value of their own, and the buffer, emptied, serves the thread's
-//! next transaction: a transaction's writes then allocate nothing for their undo.
+//! its key, the old value and the new one there (a few hundred bytes, usually in cache)
+//! instead of allocating a key and a value of their own, and the buffer, emptied, serves the
+//! thread's next transaction: a transaction's writes then allocate nothing for their undo.
+//! The after-images make the commit record ([`UndoLog::redo`]) without a second descent of
+//! the tree per written key.
 
 use std::borrow::Borrow;
 use std::cell::Cell;
+
+use rustc_hash::FxHashSet;
 
 use crate::db::Table;
 use crate::storage::btree::Record;
@@ -20,10 +24,13 @@ struct Entry {
     existed: bool,
     ghost: bool,
     tid: u64,
-    /// Start of the key; the value follows it.
+    /// Start of the key; the before-image follows it, then the after-image.
     at: usize,
     klen: usize,
     vlen: usize,
+    /// The write left a live record (else a ghost: a delete).
+    live: bool,
+    alen: usize,
 }
 
 /// A record's state before a write: `None` if it did not exist.
@@ -44,6 +51,9 @@ impl<'a> Before<'a> {
         }
     }
 }
+
+/// One key of a commit record: table slot, key, the value left (`None`: deleted).
+pub(super) type Redo<'a> = (u16, &'a [u8], Option<&'a [u8]>);
 
 /// The before-images of a transaction's writes, in write order.
 #[derive(Default, Debug)]
@@ -68,8 +78,15 @@ impl UndoLog {
         SPARE.try_with(Cell::take).unwrap_or_default()
     }
 
-    /// Records the state of `table`'s `key` before a write.
-    pub(super) fn push(&mut self, table: u16, key: &[u8], before: Option<Before<'_>>) {
+    /// Records the state of `table`'s `key` before a write, and the value it leaves (`None`:
+    /// a ghost).
+    pub(super) fn push(
+        &mut self,
+        table: u16,
+        key: &[u8],
+        before: Option<Before<'_>>,
+        after: Option<&[u8]>,
+    ) {
         let at = self.bytes.len();
         self.bytes.extend_from_slice(key);
         let (existed, ghost, tid, value) = match before {
@@ -77,6 +94,7 @@ impl UndoLog {
             None => (false, false, 0, &[][..]),
         };
         self.bytes.extend_from_slice(value);
+        self.bytes.extend_from_slice(after.unwrap_or_default());
         self.entries.push(Entry {
             table,
             existed,
@@ -85,7 +103,27 @@ impl UndoLog {
             at,
             klen: key.len(),
             vlen: value.len(),
+            live: after.is_some(),
+            alen: after.map_or(0, <[u8]>::len),
         });
+    }
+
+    /// Each written key once, in the order of its last write, with the value the
+    /// transaction left it (`None`: deleted): the contents of the commit record.
+    pub(super) fn redo(&self) -> Vec<Redo<'_>> {
+        let mut seen: FxHashSet<(u16, &[u8])> = FxHashSet::default();
+        let mut last: Vec<Redo<'_>> = Vec::with_capacity(self.entries.len());
+        // Newest first: the first entry met for a key holds its final value.
+        for e in self.entries.iter().rev() {
+            let key = self.key(e);
+            if seen.insert((e.table, key)) {
+                let a = e.at + e.klen + e.vlen;
+                last.push((e.table, key, e.live.then(|| &self.bytes[a..a + e.alen])));
+            }
+        }
+        // Back to the order of the writes.
+        last.reverse();
+        last
     }
 
     /// Number of writes listed.
@@ -120,6 +158,7 @@ impl UndoLog {
 
     /// The `(table slot, key)` of every write, oldest first (a key written twice appears
     /// twice).
+    #[cfg(test)]
     pub(super) fn keys(&self) -> impl Iterator<Item = (u16, &[u8])> + '_ {
         self.entries.iter().map(|e| (e.table, self.key(e)))
     }
@@ -183,14 +222,24 @@ mod tests {
             ghost: true,
             tid: 9,
         };
-        u.push(3, b"k1", Some(Before::of(&r)));
-        u.push(4, b"key-two", None);
-        u.push(3, b"", Some(Before::of(&Record::default())));
+        u.push(3, b"k1", Some(Before::of(&r)), Some(b"new"));
+        u.push(4, b"key-two", None, Some(b"v"));
+        u.push(3, b"", Some(Before::of(&Record::default())), None);
         assert_eq!(u.len(), 3);
         let keys: Vec<_> = u.keys().collect();
         assert_eq!(
             keys,
             vec![(3, &b"k1"[..]), (4, &b"key-two"[..]), (3, &b""[..])]
+        );
+        // Each key once, in the order of its last write, with its last value.
+        u.push(3, b"k1", Some(Before::of(&r)), Some(b"newer"));
+        assert_eq!(
+            u.redo(),
+            vec![
+                (4, &b"key-two"[..], Some(&b"v"[..])),
+                (3, &b""[..], None),
+                (3, &b"k1"[..], Some(&b"newer"[..])),
+            ]
         );
         let e = u.entries[0];
         assert!(e.existed && e.ghost && e.tid == 9);

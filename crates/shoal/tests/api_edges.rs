@@ -933,3 +933,86 @@ fn a_table_lock_on_table_4096_or_4097_leaves_other_tables_free() {
     }
     assert!(report.is_empty(), "{}", report.join("\n"));
 }
+
+/// Under OCC and Doppel a buffered write counts the pages it will take; one that replaces
+/// an earlier write of the same key in the write set (which keeps the last value only) takes
+/// the earlier one's count back. Counted once per write, a transaction that rewrote one
+/// 2049-byte value 8 times was refused under a 256 KiB limit on an empty database, though its
+/// commit installs a single overflow page.
+#[test]
+fn rewriting_one_overflow_value_is_not_counted_once_per_write() {
+    const LIMIT: u64 = 256 << 10;
+    let mut report = Vec::new();
+    for cc in [
+        ConcurrencyControl::TwoPhaseLocking,
+        ConcurrencyControl::Optimistic,
+        ConcurrencyControl::Doppel,
+    ] {
+        let db = Database::in_memory_with(
+            Options::default()
+                .with_cc(cc)
+                .with_memory_limit(Some(LIMIT)),
+        );
+        let t = db.create_table("t").unwrap();
+        let r = db.run(|tx| {
+            for i in 0..8u8 {
+                tx.put(&t, "k", [i; 2049])?;
+            }
+            Ok(())
+        });
+        if r.is_err() {
+            report.push(format!(
+                "{cc:?}: {r:?} (the tables hold {} bytes of pages)",
+                db.page_bytes()
+            ));
+        }
+    }
+    assert!(
+        report.is_empty(),
+        "one key rewritten 8 times with a 2049-byte value under a {LIMIT}-byte limit:\n{}",
+        report.join("\n")
+    );
+}
+
+/// The blind operations count what they add by the pages it will take, as `put` does: at 7
+/// pages held under a 250 KiB limit, `oput` of a 2049-byte tuple (stored past the inline
+/// limit: one 32 KiB overflow page) was accepted where `put` of the same bytes was refused,
+/// and the tables ended over the limit.
+#[test]
+fn a_blind_oput_is_counted_by_its_pages_like_put() {
+    const LIMIT: u64 = 250 << 10;
+    let mut report = Vec::new();
+    for cc in [
+        ConcurrencyControl::TwoPhaseLocking,
+        ConcurrencyControl::Optimistic,
+    ] {
+        let db = Database::in_memory_with(
+            Options::default()
+                .with_cc(cc)
+                .with_memory_limit(Some(LIMIT)),
+        );
+        let tables: Vec<_> = (0..7)
+            .map(|i| db.create_table(&format!("t{i}")).unwrap())
+            .collect();
+        let t = &tables[0];
+        assert_eq!(db.page_bytes(), 7 * (32 << 10));
+        let put = db.run(|tx| tx.put(t, "x", [1u8; 2049]));
+        assert!(
+            matches!(put, Err(Error::MemoryLimit { .. })),
+            "{cc:?}: put {put:?}"
+        );
+        let oput = db.run(|tx| tx.oput(t, "x", 1, [1u8; 2049]));
+        let used = db.page_bytes();
+        if oput.is_ok() && used > LIMIT {
+            report.push(format!(
+                "{cc:?}: put refused, oput of the same 2049 bytes accepted; the tables now \
+                 hold {used} bytes of pages"
+            ));
+        }
+    }
+    assert!(
+        report.is_empty(),
+        "under a {LIMIT}-byte memory limit:\n{}",
+        report.join("\n")
+    );
+}

@@ -13,8 +13,11 @@ impl Transaction<'_> {
     fn blind(&mut self, table: &Table, key: &[u8], delta: Delta) -> Result<()> {
         let slot = self.open_write(table, key)?;
         // What it may add (a tuple's payload, a top-K entry) counts against the memory
-        // limit, as `put`'s value does.
-        self.check_room(table, key.len() + delta.encoded_len())?;
+        // limit by the pages it will take, as `put`'s value does. (A top-K set that this
+        // entry pushes past the inline limit moves to an overflow page this does not count:
+        // at most one page past the limit, and the next write sees it.)
+        let adding = crate::storage::stored_len(delta.encoded_len());
+        self.check_room(table, key.len() + adding)?;
         dispatch!(&mut self.cc, p => p.blind(&mut self.cx, slot, key, delta))
     }
 

@@ -392,6 +392,15 @@ impl<'db> Ctx<'db> {
         Ok(())
     }
 
+    /// Takes back the page bytes [`charge`](Self::charge) counted for a buffered write that a
+    /// later write of the same key replaced (its log bytes stay: the limit on the commit
+    /// record is checked per write, as the record was before it was deduplicated).
+    fn uncharge_pages(&self, key: &[u8], value_len: usize) {
+        let stored = 16 + key.len() as u64 + crate::storage::stored_len(value_len) as u64;
+        self.page_bytes
+            .set(self.page_bytes.get().saturating_sub(stored));
+    }
+
     /// Fails unless `table` belongs to this transaction's database.
     fn check_table(&self, table: &Table) -> Result<()> {
         if table.inner.db_id != self.inner().id {

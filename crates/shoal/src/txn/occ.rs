@@ -353,7 +353,13 @@ impl Occ {
             .map(|r| r.hint);
         let m = st.writes.entry(tid).or_default();
         match m.get_mut(key) {
-            Some(w) => w.value = value,
+            Some(w) => {
+                // The write set keeps the last value only: the one replaced no longer
+                // counts against the memory limit (a rewritten 2 KiB overflow value counted
+                // a 32 KiB page per rewrite).
+                cx.uncharge_pages(key, w.value.as_ref().map_or(0, Vec::len));
+                w.value = value;
+            }
             None => {
                 m.insert(
                     key.into(),

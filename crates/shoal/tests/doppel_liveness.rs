@@ -41,8 +41,8 @@ fn begin_split(db: &Database) -> shoal::Transaction<'_> {
 /// joined phase, which cannot come while A's transaction runs. That wait had no escape (the
 /// first `begin()` of a phase change goes on once the change is cancelled after
 /// `drain_timeout`), so both waited for ever. Now the re-run waits at most the lock timeout,
-/// goes on in the split phase, is stashed again and `run` returns `Stashed`: a deadlock
-/// broken by a timeout, as under 2PL.
+/// goes on in the split phase and is stashed again; after a second such wait `run` returns
+/// `Stashed`: a deadlock broken by a timeout, as under 2PL.
 #[test]
 fn a_stashed_rerun_does_not_wait_for_ever_behind_a_transaction_that_waits_for_it() {
     let db =

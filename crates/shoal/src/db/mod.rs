@@ -674,6 +674,7 @@ impl Database {
     pub fn run<T>(&self, mut f: impl FnMut(&mut Transaction<'_>) -> Result<T>) -> Result<T> {
         let mut attempt: u32 = 0;
         let mut stashed: u32 = 0;
+        let mut overdue: u32 = 0;
         let mut age = None;
         loop {
             let mut tx = Transaction::new(self, age);
@@ -687,10 +688,15 @@ impl Database {
             };
             match res {
                 // Doppel: the next begin() waits for the joined phase; not a failed attempt.
-                // A re-run that gave up waiting for its joined phase and was stashed again
-                // ends here (see `doppel::began_overdue`).
+                // A re-run that gave up waiting for its joined phase (see
+                // `doppel::began_overdue`) and was stashed again is re-run once more (a busy
+                // machine can delay a joined phase that long); stashed after a second such
+                // wait, it ends here.
                 other @ Err(Error::Stashed { .. }) if crate::doppel::began_overdue() => {
-                    return crate::txn::backoff::finished(other);
+                    overdue += 1;
+                    if overdue >= 2 {
+                        return crate::txn::backoff::finished(other);
+                    }
                 }
                 Err(Error::Stashed { .. }) if stashed < self.inner.opts.max_retries => {
                     stashed += 1;

@@ -258,7 +258,9 @@ impl Doppel {
         let mut last_classify = Instant::now();
         let mut joined_since = Instant::now();
         let mut split_since = Instant::now();
-        // After a cancelled change, the next waits (doubling up to `MAX_BACKOFF`): retried at
+        // After a cancelled change, the next waits (doubling up to `MAX_BACKOFF`, or eight
+        // drain timeouts if less, so that a joined phase that stashed work waits for comes
+        // within a few tries once the long transaction ends): retried at
         // the next tick, one long transaction kept `CHANGING` set, and with it every other
         // `begin()` waiting, 96% of the time (a drain timeout per try).
         let mut retry = Retry {
@@ -353,7 +355,8 @@ impl Retry {
         if ok {
             self.wait = Duration::ZERO;
         } else {
-            self.wait = (self.wait * 2).clamp(self.min, MAX_BACKOFF.max(self.min));
+            let most = (self.min * 8).min(MAX_BACKOFF).max(self.min);
+            self.wait = (self.wait * 2).clamp(self.min, most);
             self.at = Instant::now() + self.wait;
         }
         ok

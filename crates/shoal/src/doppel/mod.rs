@@ -32,11 +32,12 @@
 //! transactions do not drain within [`DoppelOptions::drain_timeout`] (say a transaction that
 //! waits for another thread's `begin()`), the change is cancelled, the waiting `begin()`s go
 //! on, and the coordinator tries again later (after the drain timeout, doubling per cancel up
-//! to a second, so that one long transaction does not keep every `begin()` waiting). A
-//! stashed re-run waits for its joined phase at most [`Options::lock_timeout`](crate::Options::lock_timeout); then it goes
-//! on in the split phase, and if it is stashed again `Database::run` returns
-//! [`Error::Stashed`] (its joined phase could not come: a running
-//! transaction waits for it). When the split phase ends, each worker's slices
+//! to eight drain timeouts, so that one long transaction does not keep every `begin()`
+//! waiting). A stashed re-run waits for its joined phase at most
+//! [`Options::lock_timeout`](crate::Options::lock_timeout); then it goes on in the split
+//! phase, and if it is stashed again after two such waits `Database::run` returns
+//! [`Error::Stashed`] (its joined phase could not come: a running transaction waits for
+//! it). When the split phase ends, each worker's slices
 //! are merged into the global records (OP_reconcile) while no transaction runs; the next
 //! phase starts after that.
 //!

@@ -40,13 +40,19 @@ fn begin_split(db: &Database) -> shoal::Transaction<'_> {
 /// `db.run`, which reads the split record. B is stashed; its re-run's `begin()` waits for a
 /// joined phase, which cannot come while A's transaction runs. That wait had no escape (the
 /// first `begin()` of a phase change goes on once the change is cancelled after
-/// `drain_timeout`), so both waited for ever. Now the re-run waits at most the lock timeout,
+/// `drain_timeout`), so both waited for ever. Now the re-run waits at most `stash_wait`,
 /// goes on in the split phase and is stashed again; after a second such wait `run` returns
 /// `Stashed`: a deadlock broken by a timeout, as under 2PL.
 #[test]
 fn a_stashed_rerun_does_not_wait_for_ever_behind_a_transaction_that_waits_for_it() {
-    let db =
-        Database::in_memory_with(doppel_opts(20).with_lock_timeout(Duration::from_millis(300)));
+    let db = Database::in_memory_with(
+        doppel_opts(20).with_doppel(
+            DoppelOptions::default()
+                .with_split_phase(Duration::from_millis(20))
+                .with_auto_classify(false)
+                .with_stash_wait(Duration::from_millis(300)),
+        ),
+    );
     let t = db.create_table("t").unwrap();
     db.run(|tx| tx.put(&t, "hot", 0i64.to_le_bytes())).unwrap();
     db.split_hint(&t, "hot", SplitOp::Add).unwrap();

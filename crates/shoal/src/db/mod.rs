@@ -464,7 +464,7 @@ impl Database {
             ))
         });
         let doppel = (opts.cc == ConcurrencyControl::Doppel)
-            .then(|| crate::doppel::DoppelHandle::new(id, opts.doppel.clone(), opts.lock_timeout));
+            .then(|| crate::doppel::DoppelHandle::new(id, opts.doppel.clone()));
         let gate = crate::admission::gate(opts.admission, log_mode, opts.admission_quantum);
         let inner = Arc::new(DbInner {
             gate,

@@ -380,11 +380,9 @@ impl Drop for DoppelHandle {
 }
 
 impl DoppelHandle {
-    /// The runtime of database `db`; a stashed re-run waits at most `stash_wait` for its
-    /// joined phase.
-    pub(crate) fn new(db: u64, opts: DoppelOptions, stash_wait: Duration) -> DoppelHandle {
+    pub(crate) fn new(db: u64, opts: DoppelOptions) -> DoppelHandle {
         DoppelHandle {
-            rt: Doppel::new(db, opts, stash_wait),
+            rt: Doppel::new(db, opts),
             coordinator: Mutex::new(None),
         }
     }

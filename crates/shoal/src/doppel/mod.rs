@@ -34,8 +34,7 @@
 //! on, and the coordinator tries again later (after the drain timeout, doubling per cancel up
 //! to eight drain timeouts, so that one long transaction does not keep every `begin()`
 //! waiting). A stashed re-run waits for its joined phase at most
-//! [`Options::lock_timeout`](crate::Options::lock_timeout); then it goes on in the split
-//! phase, and if it is stashed again after two such waits `Database::run` returns
+//! [`DoppelOptions::stash_wait`]; then it goes on in the split phase, and if it is stashed again after two such waits `Database::run` returns
 //! [`Error::Stashed`] (its joined phase could not come: a running transaction waits for
 //! it). When the split phase ends, each worker's slices
 //! are merged into the global records (OP_reconcile) while no transaction runs; the next
@@ -168,6 +167,18 @@ pub struct DoppelOptions {
     /// Longest joined phase while stashed threads have not yet begun their re-runs.
     /// Default 20 ms.
     pub max_joined: Duration,
+    /// Longest wait of a stashed transaction's re-run for its joined phase. A joined phase
+    /// needs every running transaction to end; when one of them waits for the stashed
+    /// thread (outside the engine), it never comes. Past this wait the re-run goes on in the
+    /// split phase; stashed again after a second such wait, [`Database::run`](crate::Database::run)
+    /// returns [`Error::Stashed`]. Default 2 s.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let o = shoal::doppel::DoppelOptions::default().with_stash_wait(Duration::from_secs(5));
+    /// assert_eq!(o.stash_wait, Duration::from_secs(5));
+    /// ```
+    pub stash_wait: Duration,
 }
 
 impl Default for DoppelOptions {
@@ -187,6 +198,7 @@ impl Default for DoppelOptions {
             slots: 64,
             drain_timeout: Duration::from_millis(50),
             max_joined: Duration::from_millis(20),
+            stash_wait: Duration::from_secs(2),
         }
     }
 }
@@ -206,6 +218,7 @@ crate::setters::setters! {
     with_auto_classify => auto_classify: bool,
     with_slots => slots: usize,
     with_drain_timeout => drain_timeout: Duration,
+    with_stash_wait => stash_wait: Duration,
     with_max_joined => max_joined: Duration,
 }
 
@@ -291,7 +304,7 @@ thread_local! {
 }
 
 /// Whether this thread's last transaction began as a stashed re-run that waited longer than
-/// [`Options::lock_timeout`](crate::Options::lock_timeout) for a joined phase and went on in
+/// [`DoppelOptions::stash_wait`] for a joined phase and went on in
 /// a split phase: a stash of it ends `Database::run`'s retries.
 pub(crate) fn began_overdue() -> bool {
     OVERDUE.try_with(std::cell::Cell::get).unwrap_or(false)
@@ -423,8 +436,7 @@ struct Control {
 pub(crate) struct Doppel {
     db: u64,
     opts: DoppelOptions,
-    /// Longest wait of a stashed re-run for its joined phase (the database's lock timeout).
-    stash_wait: Duration,
+
     word: CachePadded<AtomicU64>,
     slots: Box<[CachePadded<Slot>]>,
     gate: Mutex<()>,
@@ -475,12 +487,11 @@ impl Entered {
 }
 
 impl Doppel {
-    pub(crate) fn new(db: u64, opts: DoppelOptions, stash_wait: Duration) -> Arc<Doppel> {
+    pub(crate) fn new(db: u64, opts: DoppelOptions) -> Arc<Doppel> {
         let n = opts.slots.max(1);
         Arc::new(Doppel {
             db,
             opts,
-            stash_wait,
             word: CachePadded::new(AtomicU64::new(0)),
             slots: (0..n).map(|_| CachePadded::new(Slot::default())).collect(),
             gate: Mutex::new(()),
@@ -536,7 +547,7 @@ impl Doppel {
         // A stashed re-run waits for a joined phase, which needs every running transaction
         // to end. One that waits (outside the engine) for this thread's result never ends:
         // the phase changes are cancelled over and over, and the re-run waited for ever. So
-        // it waits as long as a lock wait may (`Options::lock_timeout`), then goes on in the
+        // it waits at most `DoppelOptions::stash_wait`, then goes on in the
         // phase there is; a split record it touches stashes it again, and `Database::run`
         // then returns the `Stashed` error instead of re-running it (a deadlock broken by a
         // timeout, as under 2PL).
@@ -545,7 +556,7 @@ impl Doppel {
         let w = loop {
             let w = self.word.load(Ordering::SeqCst);
             if !nested {
-                overdue = overdue || since.is_some_and(|s| s.elapsed() > self.stash_wait);
+                overdue = overdue || since.is_some_and(|s| s.elapsed() > self.opts.stash_wait);
                 let wait_mark = mark.is_some() && !overdue;
                 if w & CHANGING != 0
                     || ((joined_only || wait_mark) && w & SPLIT != 0)

@@ -504,8 +504,8 @@ impl Database {
     }
 
     /// What recovery did when this database was opened: `None` for in-memory databases. A
-    /// database on a directory reports its recovery even when opened with
-    /// [`LogMode::None`] (which reads no log: zero records).
+    /// database on a directory recovers, and reports it, even when opened with
+    /// [`LogMode::None`] (which then writes no log of its own).
     ///
     /// ```
     /// # fn main() -> shoal::Result<()> {

@@ -258,11 +258,11 @@ impl Doppel {
         let mut last_classify = Instant::now();
         let mut joined_since = Instant::now();
         let mut split_since = Instant::now();
-        // After a cancelled change, the next waits (doubling up to `MAX_BACKOFF`, or eight
-        // drain timeouts if less, so that a joined phase that stashed work waits for comes
-        // within a few tries once the long transaction ends): retried at
-        // the next tick, one long transaction kept `CHANGING` set, and with it every other
-        // `begin()` waiting, 96% of the time (a drain timeout per try).
+        // After a cancelled change the next try waits: the drain timeout, doubling per cancel
+        // up to eight of them (at most `MAX_BACKOFF`). Retried at the next tick, one long
+        // transaction kept `CHANGING` set, and with it every other `begin()` waiting, 96% of
+        // the time (a drain timeout per try). The cap keeps a joined phase that stashed work
+        // waits for within a few tries once the long transaction ends.
         let mut retry = Retry {
             wait: Duration::ZERO,
             at: Instant::now(),

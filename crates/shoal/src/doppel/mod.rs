@@ -34,11 +34,11 @@
 //! on, and the coordinator tries again later (after the drain timeout, doubling per cancel up
 //! to eight drain timeouts, so that one long transaction does not keep every `begin()`
 //! waiting). A stashed re-run waits for its joined phase at most
-//! [`DoppelOptions::stash_wait`]; then it goes on in the split phase, and if it is stashed again after two such waits `Database::run` returns
-//! [`Error::Stashed`] (its joined phase could not come: a running transaction waits for
-//! it). When the split phase ends, each worker's slices
-//! are merged into the global records (OP_reconcile) while no transaction runs; the next
-//! phase starts after that.
+//! [`DoppelOptions::stash_wait`], then goes on in the split phase; stashed again after two
+//! such waits, `Database::run` returns [`Error::Stashed`] (its joined phase could not come:
+//! a running transaction waits for it). When the split phase ends, each worker's slices are
+//! merged into the global records (OP_reconcile) while no transaction runs; the next phase
+//! starts after that.
 //!
 //! **Workers and slices.** Each thread gets a small integer [`worker_id`] on first use
 //! (process-wide, reused after the thread exits). A thread uses slice set
@@ -304,8 +304,8 @@ thread_local! {
 }
 
 /// Whether this thread's last transaction began as a stashed re-run that waited longer than
-/// [`DoppelOptions::stash_wait`] for a joined phase and went on in
-/// a split phase: a stash of it ends `Database::run`'s retries.
+/// [`DoppelOptions::stash_wait`] for a joined phase and went on in a split phase: a second
+/// stash of such a re-run ends `Database::run`'s retries.
 pub(crate) fn began_overdue() -> bool {
     OVERDUE.try_with(std::cell::Cell::get).unwrap_or(false)
 }
@@ -547,10 +547,10 @@ impl Doppel {
         // A stashed re-run waits for a joined phase, which needs every running transaction
         // to end. One that waits (outside the engine) for this thread's result never ends:
         // the phase changes are cancelled over and over, and the re-run waited for ever. So
-        // it waits at most `DoppelOptions::stash_wait`, then goes on in the
-        // phase there is; a split record it touches stashes it again, and `Database::run`
-        // then returns the `Stashed` error instead of re-running it (a deadlock broken by a
-        // timeout, as under 2PL).
+        // it waits at most `DoppelOptions::stash_wait`, then goes on in the phase there is; a
+        // split record it touches stashes it again, and after a second such wait
+        // `Database::run` returns the `Stashed` error instead of re-running it (a deadlock
+        // broken by a timeout, as under 2PL).
         let since = mark.map(|_| Instant::now());
         let mut overdue = false;
         let w = loop {

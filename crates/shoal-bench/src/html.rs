@@ -112,8 +112,20 @@ fn experiments(dir: &Path) -> anyhow::Result<Vec<(String, Files)>> {
     Ok(out)
 }
 
+/// The distinct `engine` names of `records`, in first-seen order.
+fn engines(records: &[Value]) -> Vec<&str> {
+    let mut out: Vec<&str> = Vec::new();
+    for e in records.iter().filter_map(|r| r.get("engine")?.as_str()) {
+        if !out.contains(&e) {
+            out.push(e);
+        }
+    }
+    out
+}
+
 /// The columns of a runs table: the keys of the records that are options or results worth
-/// showing, in first-seen order.
+/// showing, in first-seen order; `engine` first when the records come from more than one
+/// engine (a portable run: without it, the rows of shoal and its peers looked alike).
 fn columns(records: &[Value]) -> Vec<String> {
     const SKIP: [&str; 5] = [
         "engine_options",
@@ -123,6 +135,9 @@ fn columns(records: &[Value]) -> Vec<String> {
         "check",
     ];
     let mut cols: Vec<String> = Vec::new();
+    if engines(records).len() > 1 {
+        cols.push("engine".to_string());
+    }
     for r in records {
         if let Some(o) = r.as_object() {
             for (k, v) in o {
@@ -202,12 +217,25 @@ pub fn build(dir: &Path) -> anyhow::Result<PathBuf> {
                 );
             }
             body.push_str("</table>");
-            if let Some(o) = records.first().and_then(|r| r.get("engine_options")) {
-                let _ = write!(
-                    body,
-                    "<p class=\"cfg\">engine options of the first run: <code>{}</code></p>",
-                    cell(Some(o))
-                );
+            // The options each engine ran with (its first run's): one line per engine, so
+            // that a peer's row is not read as running with shoal's options.
+            let names = engines(&records);
+            for name in if names.is_empty() { vec![""] } else { names } {
+                let first = records.iter().find(|r| {
+                    name.is_empty() || r.get("engine").and_then(Value::as_str) == Some(name)
+                });
+                if let Some(o) = first.and_then(|r| r.get("engine_options")) {
+                    let who = if name.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" {}", esc(name))
+                    };
+                    let _ = write!(
+                        body,
+                        "<p class=\"cfg\">engine options of the first{who} run: <code>{}</code></p>",
+                        cell(Some(o))
+                    );
+                }
             }
             body.push_str("</details>\n");
         }

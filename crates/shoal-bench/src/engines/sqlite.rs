@@ -84,8 +84,18 @@ fn connect(path: &Path, durability: Durability) -> anyhow::Result<Connection> {
         Durability::None => "OFF",
         Durability::Sync => "FULL",
     };
+    // The mode SQLite answers with: a file system without WAL support leaves the journal
+    // in rollback mode, which the run would then measure under the name of WAL.
+    let mode: String = c
+        .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+        .context("setting SQLite's journal mode")?;
+    anyhow::ensure!(
+        mode.eq_ignore_ascii_case("wal"),
+        "SQLite kept journal_mode={mode} for {} (WAL was asked for)",
+        path.display()
+    );
     c.execute_batch(&format!(
-        "PRAGMA journal_mode = WAL; PRAGMA synchronous = {sync}; \
+        "PRAGMA synchronous = {sync}; \
          PRAGMA cache_size = -{CACHE_KIB}; PRAGMA temp_store = MEMORY; \
          PRAGMA mmap_size = {MMAP_BYTES};"
     ))
@@ -161,6 +171,7 @@ impl KvEngine for SqliteEngine {
     fn describe(&self) -> String {
         format!(
             "sqlite {} journal_mode=WAL synchronous={} cache_size={CACHE_KIB}KiB/connection \
+             temp_store=MEMORY mmap_size={MMAP_BYTES} \
              BEGIN IMMEDIATE (writers) / DEFERRED (read-only), busy handler ~2s",
             rusqlite::version(),
             match self.durability {

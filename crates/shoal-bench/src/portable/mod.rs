@@ -456,6 +456,35 @@ pub(crate) mod tests {
         }
     }
 
+    /// `shoal report DIR` over a portable `--json` file names the engine of every row and
+    /// the options of each engine: it listed the rows of shoal and its peers alike, under
+    /// "engine options of the first run" (shoal's).
+    #[test]
+    fn the_report_page_names_the_engine_of_each_portable_run() {
+        let mut p = params(
+            WorkloadKind::Incr1,
+            &[EngineKind::Shoal2pl, EngineKind::ShoalOcc],
+        );
+        p.threads = vec![1];
+        p.hot_fractions = Some(vec![0.5]);
+        p.duration = Duration::from_millis(100);
+        let recs = all_ok(&p);
+        let dir = tempfile::tempdir().unwrap();
+        report::write_json(&dir.path().join("peers.json"), &recs).unwrap();
+        let page = std::fs::read_to_string(crate::html::build(dir.path()).unwrap()).unwrap();
+        let from = page.find("<details>").expect("a runs table");
+        let table = &page[from..];
+        let table = &table[..table.find("</details>").expect("its end")];
+        assert!(table.contains("<th>engine</th>"), "{table}");
+        for e in ["shoal-2pl", "shoal-occ"] {
+            assert!(table.contains(&format!("<td>{e}</td>")), "{e}: {table}");
+            assert!(
+                table.contains(&format!("engine options of the first {e} run")),
+                "{e}: {table}"
+            );
+        }
+    }
+
     fn all_ok(p: &PortableParams) -> Vec<PortableRecord> {
         let (records, failure) = execute(p);
         if let Some(e) = failure {

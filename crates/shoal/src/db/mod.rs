@@ -692,7 +692,9 @@ impl Database {
                 // `doppel::began_overdue`) and was stashed again is re-run once more (a busy
                 // machine can delay a joined phase that long); stashed after a second such
                 // wait, it ends here.
-                other @ Err(Error::Stashed { .. }) if crate::doppel::began_overdue() => {
+                other @ Err(Error::Stashed { .. })
+                    if crate::doppel::began_overdue(self.inner.id) =>
+                {
                     overdue += 1;
                     if overdue >= 2 {
                         return crate::txn::backoff::finished(other);

@@ -298,16 +298,20 @@ thread_local! {
     static STASHED: RefCell<Vec<StashMark>> = const { RefCell::new(Vec::new()) };
     /// Transactions begun on this thread (for sampling).
     static BEGUN: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
-    /// This thread's last `begin()` was a stashed re-run that gave up waiting for a joined
-    /// phase (see [`Doppel::enter`]).
-    static OVERDUE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// The database whose transaction this thread last began, and whether that `begin()`
+    /// was a stashed re-run that gave up waiting for a joined phase (see [`Doppel::enter`]).
+    /// Keyed by database: a transaction on another database begun inside `Database::run`'s
+    /// closure must not change what the run decides.
+    static OVERDUE: std::cell::Cell<(u64, bool)> = const { std::cell::Cell::new((u64::MAX, false)) };
 }
 
 /// Whether this thread's last transaction began as a stashed re-run that waited longer than
 /// [`DoppelOptions::stash_wait`] for a joined phase and went on in a split phase: a second
 /// stash of such a re-run ends `Database::run`'s retries.
-pub(crate) fn began_overdue() -> bool {
-    OVERDUE.try_with(std::cell::Cell::get).unwrap_or(false)
+pub(crate) fn began_overdue(db: u64) -> bool {
+    OVERDUE
+        .try_with(std::cell::Cell::get)
+        .is_ok_and(|(d, overdue)| d == db && overdue)
 }
 
 /// This thread's worker id: a small integer, distinct among live threads, assigned on first
@@ -578,7 +582,7 @@ impl Doppel {
             let _ = STASHED.try_with(|s| s.borrow_mut().retain(|m| m.db != self.db));
         }
         if !nested {
-            let _ = OVERDUE.try_with(|o| o.set(overdue));
+            let _ = OVERDUE.try_with(|o| o.set((self.db, overdue)));
         }
         active_add(self.db, 1);
         let every = self.opts.sample_every.max(1);
@@ -724,5 +728,19 @@ impl Pin {
 impl Drop for Pin {
     fn drop(&mut self) {
         self.rt.exit(self.slot);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn an_overdue_begin_counts_only_for_its_own_database() {
+        let _ = super::OVERDUE.try_with(|o| o.set((7, true)));
+        assert!(super::began_overdue(7));
+        // A run on database 8 whose closure began an overdue re-run on database 7 does not
+        // end its own retries on that account.
+        assert!(!super::began_overdue(8));
+        let _ = super::OVERDUE.try_with(|o| o.set((7, false)));
+        assert!(!super::began_overdue(7));
     }
 }

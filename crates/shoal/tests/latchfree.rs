@@ -440,7 +440,7 @@ fn timeout_policy_breaks_deadlock_by_timeout(kind: LockTableKind) {
 
 fn many_keys_queue_count(kind: LockTableKind) {
     let t = table(kind, DeadlockPolicy::WaitForGraph);
-    let k = |i: u32| LockId::Key(i % 7, i.to_le_bytes().to_vec().into_boxed_slice());
+    let k = |i: u32| LockId::Key(i % 7, i.to_le_bytes().to_vec().into());
     for i in 0..2000u32 {
         t.lock(u64::from(i % 3), &k(i), XN, LONG).unwrap();
     }
@@ -496,7 +496,7 @@ fn tags_outlive_requests(kind: LockTableKind) {
 
 fn unlock_all_releases_each_lock_with_its_tag_and_grants_waiters(kind: LockTableKind) {
     let t = table(kind, DeadlockPolicy::WaitForGraph);
-    let k = |i: u32| LockId::Key(i % 3, i.to_le_bytes().to_vec().into_boxed_slice());
+    let k = |i: u32| LockId::Key(i % 3, i.to_le_bytes().to_vec().into());
     let mut all: Vec<(LockId, u64)> = (0..300u32)
         .map(|i| {
             t.lock(1, &k(i), if i % 2 == 0 { X } else { S }, LONG)
@@ -857,7 +857,7 @@ fn lock_heads_stay_bounded_over_fresh_ids() {
                         let fresh: Vec<LockId> = (0..FRESH_PER_TXN)
                             .map(|i| {
                                 let n = txn * FRESH_PER_TXN + i;
-                                LockId::Key(2, n.to_be_bytes().to_vec().into_boxed_slice())
+                                LockId::Key(2, n.to_be_bytes().to_vec().into())
                             })
                             .collect();
                         for id in &fresh {

@@ -13,7 +13,7 @@ use shoal::lock::latchfree::{LatchFreeLockTable, Params};
 use shoal::lock::{DeadlockPolicy, LockId, LockMode, LockTable};
 
 fn key(k: u8) -> LockId {
-    LockId::Key(1, vec![k].into_boxed_slice())
+    LockId::Key(1, vec![k].into())
 }
 
 /// A tiny table whose pools keep nothing: every reclaimed entry or lock head goes back to

@@ -94,7 +94,7 @@ fn small_table() -> Arc<LatchFreeLockTable> {
 }
 
 fn key(k: u8) -> LockId {
-    LockId::Key(1, vec![k].into_boxed_slice())
+    LockId::Key(1, vec![k].into())
 }
 
 /// Writers add 1 << 32 to the key's in-section counter, readers add 1.

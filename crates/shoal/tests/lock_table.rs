@@ -29,7 +29,7 @@ fn resolving() -> &'static [DeadlockPolicy] {
 }
 
 fn key(k: usize) -> LockId {
-    LockId::Key(1, (k as u32).to_be_bytes().to_vec().into_boxed_slice())
+    LockId::Key(1, (k as u32).to_be_bytes().to_vec().into())
 }
 
 /// In-section markers of one key.
@@ -348,7 +348,7 @@ fn elr_tags_outlive_their_queue() {
     use shoal::lock::simple::SimpleLockTable;
     use shoal::lock::{DeadlockPolicy, LockId, LockMode, LockTable};
     let t = SimpleLockTable::new(DeadlockPolicy::WaitForGraph);
-    let k = LockId::Key(1, b"t".to_vec().into_boxed_slice());
+    let k = LockId::Key(1, b"t".to_vec().into());
     assert_eq!(t.tag(&k), 0);
     t.lock(1, &k, LockMode::XN, std::time::Duration::from_secs(1))
         .expect("XN");

@@ -437,7 +437,7 @@ impl Name {
                     b[..k.len()].copy_from_slice(k);
                     Name::Short(*t, n, b)
                 }
-                _ => Name::Long(*t, k.clone()),
+                _ => Name::Long(*t, (**k).into()),
             },
         }
     }
@@ -449,7 +449,7 @@ impl Name {
             (Name::Database, LockId::Database) => true,
             (Name::Table(a), LockId::Table(b)) | (Name::NegInf(a), LockId::NegInf(b)) => a == b,
             (Name::Short(a, n, b), LockId::Key(t, k)) => a == t && b[..usize::from(*n)] == k[..],
-            (Name::Long(a, b), LockId::Key(t, k)) => a == t && b == k,
+            (Name::Long(a, b), LockId::Key(t, k)) => a == t && b[..] == k[..],
             _ => false,
         }
     }

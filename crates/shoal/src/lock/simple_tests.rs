@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::*;
+use crate::lock::LockKey;
 use LockMode::*;
 
 fn shard_index(t: &SimpleLockTable, id: &LockId) -> usize {
@@ -43,7 +44,10 @@ fn keys_of_consecutive_tables_use_disjoint_shards_and_spread_within_their_window
     }
     // The one-shard table has nothing to choose from.
     let one = SimpleLockTable::with_shards(DeadlockPolicy::WaitForGraph, 1);
-    assert_eq!(shard_index(&one, &LockId::Key(3, Box::from(&b"k"[..]))), 0);
+    assert_eq!(
+        shard_index(&one, &LockId::Key(3, LockKey::from(&b"k"[..]))),
+        0
+    );
 }
 
 const LONG: Duration = Duration::from_secs(10);
@@ -71,14 +75,17 @@ fn inline_and_boxed_key_names_lock_apart() {
         LockId::Database,
         LockId::Table(2),
         LockId::NegInf(2),
-        LockId::Key(2, Box::from(&[][..])),
-        LockId::Key(2, Box::from(&[0u8][..])),
-        LockId::Key(2, Box::from(&long[..INLINE_KEY - 1])),
-        LockId::Key(2, Box::from(&long[..INLINE_KEY])),
-        LockId::Key(2, long.clone().into_boxed_slice()),
-        LockId::Key(2, vec![7u8; 3 * INLINE_KEY].into_boxed_slice()),
-        LockId::Key(3, long.clone().into_boxed_slice()),
-        LockId::Key(3, Box::from(&long[..INLINE_KEY])),
+        LockId::Key(2, LockKey::from(&[][..])),
+        LockId::Key(2, LockKey::from(&[0u8][..])),
+        LockId::Key(2, LockKey::from(&long[..INLINE_KEY - 1])),
+        LockId::Key(2, LockKey::from(&long[..INLINE_KEY])),
+        LockId::Key(2, long.clone().into()),
+        LockId::Key(2, vec![7u8; 3 * INLINE_KEY].into()),
+        LockId::Key(3, long.clone().into()),
+        // Either side of the id's own inline limit.
+        LockId::Key(2, vec![7u8; LockKey::INLINE].into()),
+        LockId::Key(2, vec![7u8; LockKey::INLINE + 1].into()),
+        LockId::Key(3, LockKey::from(&long[..INLINE_KEY])),
     ];
     for (i, id) in ids.iter().enumerate() {
         assert_eq!(t.lock(i as TxnId + 1, id, X, LONG), Ok(X), "{id:?}");

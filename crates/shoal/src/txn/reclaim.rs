@@ -272,7 +272,7 @@ fn remove_if_free(
     key: Box<[u8]>,
 ) -> Option<Box<[u8]>> {
     // The lock name owns the key: no second copy.
-    let id = LockId::Key(table.inner.id, key);
+    let id = LockId::Key(table.inner.id, key.into());
     let LockId::Key(_, k) = &id else {
         return None;
     };
@@ -287,7 +287,7 @@ fn remove_if_free(
         }
     });
     match id {
-        LockId::Key(_, k) if busy => Some(k),
+        LockId::Key(_, k) if busy => Some(k.into()),
         _ => None,
     }
 }

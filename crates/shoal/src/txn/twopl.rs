@@ -126,7 +126,7 @@ impl TwoPl {
                 FxHashMap::default()
             },
             intents: PrivateIntents::default(),
-            undo: UndoLog::new(),
+            undo: UndoLog::new(inner.log.is_some()),
             ghosts: Vec::new(),
             max_tag: 0,
             track_tags: locking
@@ -892,7 +892,7 @@ fn key_id(cx: &Ctx<'_>, slot: u16, key: &[u8]) -> LockId {
 fn gap_id(cx: &Ctx<'_>, slot: u16, prior: Option<Vec<u8>>) -> LockId {
     let tid = cx.table(slot).inner.id;
     match prior {
-        Some(k) => LockId::Key(tid, k.into_boxed_slice()),
+        Some(k) => LockId::Key(tid, k.into()),
         None => LockId::NegInf(tid),
     }
 }

@@ -60,6 +60,9 @@ pub(super) type Redo<'a> = (u16, &'a [u8], Option<&'a [u8]>);
 pub(super) struct UndoLog {
     entries: Vec<Entry>,
     bytes: Vec<u8>,
+    /// After-images are kept (the database has a log, so commit writes a record from them).
+    /// Without a log they would only be copied and thrown away.
+    redo: bool,
 }
 
 thread_local! {
@@ -72,10 +75,13 @@ const SPARE_BYTES: usize = 64 << 10;
 const SPARE_ENTRIES: usize = 1024;
 
 impl UndoLog {
-    /// An empty list, reusing the thread's spare buffers.
-    pub(super) fn new() -> UndoLog {
+    /// An empty list, reusing the thread's spare buffers; `redo`: keep after-images for
+    /// [`UndoLog::redo`] (only a database with a log needs them).
+    pub(super) fn new(redo: bool) -> UndoLog {
         // `try_with`: a thread being torn down starts from nothing.
-        SPARE.try_with(Cell::take).unwrap_or_default()
+        let mut u = SPARE.try_with(Cell::take).unwrap_or_default();
+        u.redo = redo;
+        u
     }
 
     /// Records the state of `table`'s `key` before a write, and the value it leaves (`None`:
@@ -94,7 +100,12 @@ impl UndoLog {
             None => (false, false, 0, &[][..]),
         };
         self.bytes.extend_from_slice(value);
-        self.bytes.extend_from_slice(after.unwrap_or_default());
+        let after_image = if self.redo {
+            after.unwrap_or_default()
+        } else {
+            &[]
+        };
+        self.bytes.extend_from_slice(after_image);
         self.entries.push(Entry {
             table,
             existed,
@@ -104,13 +115,14 @@ impl UndoLog {
             klen: key.len(),
             vlen: value.len(),
             live: after.is_some(),
-            alen: after.map_or(0, <[u8]>::len),
+            alen: after_image.len(),
         });
     }
 
     /// Each written key once, in the order of its last write, with the value the
     /// transaction left it (`None`: deleted): the contents of the commit record.
     pub(super) fn redo(&self) -> Vec<Redo<'_>> {
+        debug_assert!(self.redo, "an undo list made without after-images");
         let mut seen: FxHashSet<(u16, &[u8])> = FxHashSet::default();
         let mut last: Vec<Redo<'_>> = Vec::with_capacity(self.entries.len());
         // Newest first: the first entry met for a key holds its final value.
@@ -216,7 +228,7 @@ mod tests {
 
     #[test]
     fn entries_keep_their_keys_and_before_images_apart() {
-        let mut u = UndoLog::default();
+        let mut u = UndoLog::new(true);
         let r = Record {
             value: b"old".to_vec(),
             ghost: true,
@@ -247,5 +259,26 @@ mod tests {
         assert!(!u.entries[1].existed);
         u.clear();
         assert!(u.is_empty() && u.keys().next().is_none());
+    }
+
+    #[test]
+    fn without_a_log_no_after_image_is_copied_and_undo_still_restores() {
+        let mut u = UndoLog::new(false);
+        let r = Record {
+            value: b"old".to_vec(),
+            ghost: false,
+            tid: 9,
+        };
+        u.push(
+            3,
+            b"k1",
+            Some(Before::of(&r)),
+            Some(b"a much longer new value"),
+        );
+        // Key and before-image only.
+        assert_eq!(u.bytes, b"k1old");
+        let e = u.entries[0];
+        assert!(e.live && e.existed && e.alen == 0);
+        assert_eq!(&u.bytes[e.at + e.klen..e.at + e.klen + e.vlen], b"old");
     }
 }

@@ -204,7 +204,7 @@ pub fn dump(db: &Database, table: &str) -> BTreeMap<Vec<u8>, Vec<u8>> {
 
 /// The lock id of key `k` in table 1 (the lock-table tests' keys).
 pub fn lock_key(k: u8) -> shoal::lock::LockId {
-    shoal::lock::LockId::Key(1, vec![k].into_boxed_slice())
+    shoal::lock::LockId::Key(1, vec![k].into())
 }
 
 /// Polls `cond` every millisecond; reaching `limit` first fails the test, naming `what`.

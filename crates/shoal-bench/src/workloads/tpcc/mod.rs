@@ -404,11 +404,15 @@ impl<'a> Dec<'a> {
         self.u64() as i64
     }
     fn s(&mut self) -> Vec<u8> {
+        self.s_ref().to_vec()
+    }
+    /// A string field, borrowed from the row (no allocation).
+    fn s_ref(&mut self) -> &'a [u8] {
         let n = {
             let b = self.take(2);
             u16::from_le_bytes(b.try_into().unwrap_or([0; 2])) as usize
         };
-        self.take(n).to_vec()
+        self.take(n)
     }
     fn done(&self) -> bool {
         !self.bad && self.b.is_empty()
@@ -466,10 +470,21 @@ macro_rules! rows {
 
         impl $name {
             fn encode(&self) -> Vec<u8> {
+                let mut v = Vec::new();
+                self.encode_into(&mut v);
+                v
+            }
+
+            /// [`encode`](Self::encode) into `out`, replacing its contents (a buffer reused
+            /// row after row allocates once).
+            #[allow(dead_code)] // used for some rows only
+            fn encode_into(&self, out: &mut Vec<u8>) {
+                out.clear();
                 // Sized up front: a row grown from empty reallocated up to six times.
-                let e = Enc(Vec::with_capacity(0 $(+ self.$f.size())*));
+                out.reserve(0 $(+ self.$f.size())*);
+                let e = Enc(std::mem::take(out));
                 $(let e = self.$f.put(e);)*
-                e.0
+                *out = e.0;
             }
 
             #[allow(dead_code)] // history rows are only written
@@ -581,9 +596,57 @@ rows! {
 const DIST_LEN: usize = 24;
 
 impl Stock {
+    #[cfg(test)]
     fn dist_info(&self, d: u8) -> &[u8] {
         let i = usize::from(d.saturating_sub(1) % 10) * DIST_LEN;
         self.dist.get(i..i + DIST_LEN).unwrap_or(&[])
+    }
+
+    /// NewOrder's change to the encoded stock row `row`, made in place (clause 2.4.2.2:
+    /// S_QUANTITY down by `qty`, or up by 91 - `qty` when fewer than `qty` + 10 are left;
+    /// S_YTD up by `qty`, S_ORDER_CNT by one, S_REMOTE_CNT by one for a `remote` supplier),
+    /// and the row's S_DIST_xx for district `d`. `None` unless `row` is one well-formed stock
+    /// row. The same bytes as decoding, changing and encoding the row, without allocating:
+    /// the four counters are the row's first, fixed-size fields.
+    fn order_in_place(row: &mut [u8], qty: u32, remote: bool, d: u8) -> Option<[u8; DIST_LEN]> {
+        let mut r = Dec::new(row);
+        let quantity = r.u32();
+        let ytd = r.u64();
+        let order_cnt = r.u32();
+        let remote_cnt = r.u32();
+        let dist = r.s_ref();
+        let _data = r.s_ref();
+        if !r.done() {
+            return None;
+        }
+        let i = usize::from(d.saturating_sub(1) % 10) * DIST_LEN;
+        let info: [u8; DIST_LEN] = dist.get(i..i + DIST_LEN)?.try_into().ok()?;
+        let quantity = if quantity >= qty + 10 {
+            quantity - qty
+        } else {
+            quantity + 91 - qty
+        };
+        let head = Enc(Vec::with_capacity(20))
+            .u32(quantity)
+            .u64(ytd + u64::from(qty))
+            .u32(order_cnt + 1)
+            .u32(remote_cnt + u32::from(remote))
+            .0;
+        row.get_mut(..head.len())?.copy_from_slice(&head);
+        Some(info)
+    }
+}
+
+impl Item {
+    /// The price of the encoded item row `row`, `None` unless it is one well-formed item
+    /// row (no allocation: its strings are skipped, not copied).
+    fn price_of(row: &[u8]) -> Option<i64> {
+        let mut r = Dec::new(row);
+        let _im_id = r.u32();
+        let price = r.i64();
+        let _name = r.s_ref();
+        let _data = r.s_ref();
+        r.done().then_some(price)
     }
 }
 

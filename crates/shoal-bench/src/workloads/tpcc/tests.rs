@@ -310,3 +310,75 @@ fn the_tiny_scale_is_a_named_option() {
     ]);
     assert!(RunConfig::from_point(&bad).is_err());
 }
+
+#[test]
+fn new_order_changes_a_stock_row_in_place_as_decode_change_encode_would() {
+    let mut rng = SmallRng::seed_from_u64(11);
+    for round in 0..200u32 {
+        let st = Stock {
+            quantity: rng.gen_range(0..=120),
+            ytd: rng.gen_range(0..1_000_000),
+            order_cnt: rng.gen_range(0..1000),
+            remote_cnt: rng.gen_range(0..1000),
+            dist: astring(&mut rng, DIST_LEN * 10, DIST_LEN * 10),
+            data: data_string(&mut rng),
+        };
+        let (qty, remote, d) = (
+            rng.gen_range(1..=10u32),
+            round % 3 == 0,
+            rng.gen_range(1..=10u8),
+        );
+        // The reference: the row decoded, changed as clause 2.4.2.2 says, encoded again.
+        let mut want = st.clone();
+        want.quantity = if st.quantity >= qty + 10 {
+            st.quantity - qty
+        } else {
+            st.quantity + 91 - qty
+        };
+        want.ytd += u64::from(qty);
+        want.order_cnt += 1;
+        want.remote_cnt += u32::from(remote);
+        let mut row = st.encode();
+        let info = Stock::order_in_place(&mut row, qty, remote, d).expect("a stock row");
+        assert_eq!(row, want.encode());
+        assert_eq!(&info[..], st.dist_info(d));
+    }
+    // A malformed row is refused and left alone.
+    let st = Stock {
+        quantity: 50,
+        ytd: 0,
+        order_cnt: 0,
+        remote_cnt: 0,
+        dist: vec![b'x'; DIST_LEN * 10],
+        data: b"data".to_vec(),
+    };
+    let row = st.encode();
+    for bad in [&row[..row.len() - 1], &row[..19], &[][..]] {
+        let mut b = bad.to_vec();
+        assert_eq!(Stock::order_in_place(&mut b, 5, false, 1), None);
+        assert_eq!(b, bad);
+    }
+    // S_DIST shorter than ten districts: refused too.
+    let mut short = Stock {
+        dist: vec![b'x'; DIST_LEN * 3],
+        ..st
+    }
+    .encode();
+    assert_eq!(Stock::order_in_place(&mut short, 5, false, 4), None);
+}
+
+#[test]
+fn an_item_rows_price_reads_without_decoding_its_strings() {
+    let i = Item {
+        im_id: 7,
+        price: 12_345,
+        name: b"name".to_vec(),
+        data: b"ORIGINAL data".to_vec(),
+    };
+    let row = i.encode();
+    assert_eq!(Item::price_of(&row), Some(12_345));
+    assert_eq!(Item::price_of(&row[..row.len() - 1]), None);
+    let mut longer = row.clone();
+    longer.push(0);
+    assert_eq!(Item::price_of(&longer), None);
+}

@@ -173,8 +173,17 @@ impl Tpcc {
         self.insert_new(tx, &self.new_order, &wdid(w, d, o), &[])?;
         self.insert_new(tx, &self.order_cust, &oc_key(w, d, c, o), &[])?;
         let mut total = 0i64;
-        // One buffer for the item rows and one for the stock rows, reused by every line.
-        let (mut iv, mut sv) = (Vec::new(), Vec::new());
+        // One buffer each for the item rows, the stock rows and the order lines, and one
+        // order line, reused by every line.
+        let (mut iv, mut sv, mut olv) = (Vec::new(), Vec::new(), Vec::new());
+        let mut ol = OrderLine {
+            i_id: 0,
+            supply_w: 0,
+            delivery_d: 0,
+            quantity: 0,
+            amount: 0,
+            dist_info: Vec::with_capacity(DIST_LEN),
+        };
         for (n, l) in lines.iter().enumerate() {
             if !tx.get_into(&self.item, item_key(l.i_id), &mut iv)? {
                 if rollback && n + 1 == lines.len() {
@@ -183,42 +192,26 @@ impl Tpcc {
                 }
                 return Err(malformed("item"));
             }
-            let it = Item::decode(&iv).ok_or_else(|| malformed("item"))?;
+            let price = Item::price_of(&iv).ok_or_else(|| malformed("item"))?;
             let sk = stock_key(l.supply_w, l.i_id);
             // Read for update: the row is written below (one exclusive lock under 2PL, not
             // a shared one and an upgrade).
             if !tx.get_for_update_into(&self.stock, sk, &mut sv)? {
                 return Err(malformed("stock"));
             }
-            let mut st = Stock::decode(&sv).ok_or_else(|| malformed("stock"))?;
-            let q = u32::from(l.qty);
-            st.quantity = if st.quantity >= q + 10 {
-                st.quantity - q
-            } else {
-                st.quantity + 91 - q
-            };
-            st.ytd += u64::from(q);
-            st.order_cnt += 1;
-            if l.supply_w != w {
-                st.remote_cnt += 1;
-            }
-            tx.put(&self.stock, sk, st.encode())?;
-            let amount = i64::from(l.qty) * it.price;
+            let dist = Stock::order_in_place(&mut sv, u32::from(l.qty), l.supply_w != w, d)
+                .ok_or_else(|| malformed("stock"))?;
+            tx.put(&self.stock, sk, &sv)?;
+            let amount = i64::from(l.qty) * price;
             total += amount;
-            let ol = OrderLine {
-                i_id: l.i_id,
-                supply_w: l.supply_w,
-                delivery_d: 0,
-                quantity: l.qty,
-                amount,
-                dist_info: st.dist_info(d).to_vec(),
-            };
-            self.insert_new(
-                tx,
-                &self.order_line,
-                &ol_key(w, d, o, n as u8 + 1),
-                &ol.encode(),
-            )?;
+            ol.i_id = l.i_id;
+            ol.supply_w = l.supply_w;
+            ol.quantity = l.qty;
+            ol.amount = amount;
+            ol.dist_info.clear();
+            ol.dist_info.extend_from_slice(&dist);
+            ol.encode_into(&mut olv);
+            self.insert_new(tx, &self.order_line, &ol_key(w, d, o, n as u8 + 1), &olv)?;
         }
         // The total the terminal would show: sum * (1 - discount) * (1 + w_tax + d_tax).
         let _total = total * i64::from(10_000 - cust.discount) / 10_000

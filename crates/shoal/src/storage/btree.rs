@@ -424,12 +424,11 @@ impl BTree {
     fn find_leaf(&self, p: &Probe<'_>, hint: Option<LeafHint>) -> Option<(PageId, &Frame, u64)> {
         if let Some(h) = hint.filter(|h| h.tree == self.id) {
             if let Some(f) = self.store.frame(h.page) {
-                // The header and the search hints, then both fences, each group's misses
-                // overlapping (the hinted leaf has usually left the cache since).
+                // The header with the search hints and the fences' heads (the hinted leaf
+                // has usually left the cache since): `covers` mostly decides from those.
                 f.prefetch_header();
                 if let Some(v) = f.latch.try_optimistic() {
                     let n = Node(f);
-                    n.prefetch_fences();
                     if n.is_leaf() && n.covers(p) && f.latch.validate(v) {
                         return Some((h.page, f, v));
                     }
@@ -1089,9 +1088,10 @@ impl BTree {
 
     /// The split of an ascending run's leaf, without copying it: `it`, whose key is above
     /// every key of the full leaf `lf` (child `i` of the latched `parent`), starts a new
-    /// right sibling, and the leaf only gets that key as its high fence, in place. Returns
-    /// the new page, or hands `it` back when the leaf has no room for the fence or the
-    /// new page none for its fences (the caller's general split then runs).
+    /// right sibling, and the leaf only gets that key as its high fence, in place (or, when
+    /// the leaf is too full for that fence, its last record moves to the new page too).
+    /// Returns the new page, or hands `it` back when neither fits (the caller's general
+    /// split then runs).
     fn split_off_append(
         &self,
         parent: Node<'_>,
@@ -1099,21 +1099,48 @@ impl BTree {
         lf: &Frame,
         it: Item,
     ) -> Result<PageId, Item> {
-        let high = Node(lf).fence(false);
+        let n = Node(lf);
+        let high = n.fence(false);
         let fence = |k: &Option<Vec<u8>>| k.as_ref().map_or(0, |k| pad8(k.len()));
-        if HDR_BYTES + pad8(it.key.len()) + fence(&high) + it.size() > PAGE_SIZE
-            || !Node(lf).set_high_fence(&it.key)
-        {
+        // A right page of `items` bytes whose low fence is `low` bytes long fits.
+        let fits =
+            |items: usize, low: usize| HDR_BYTES + pad8(low) + fence(&high) + items <= PAGE_SIZE;
+        if !fits(it.size(), it.key.len()) {
             return Err(it);
         }
-        let sep = it.key.clone();
+        let items = if n.set_high_fence(&it.key) {
+            vec![it]
+        } else {
+            // The leaf is too full even for its new high fence (records of one size fill
+            // a page to the byte): its last record goes right too, ahead of the new one,
+            // and the leaf is fenced by that record's key. Still no image of the page.
+            let c = n.count();
+            if c < 2 {
+                return Err(it);
+            }
+            let (m, mut val) = (n.meta(c - 1), Vec::new());
+            n.val_into(c - 1, &mut val);
+            let last = Self::item(n.key(c - 1), n.word(c - 1), m.ghost, val, m.ovf);
+            if !fits(last.size() + it.size(), last.key.len()) {
+                return Err(it);
+            }
+            n.remove(c - 1);
+            if !n.set_high_fence(&last.key) {
+                // Not expected (the record's bytes are free now): put it back.
+                let ok = n.insert(c - 1, &last);
+                debug_assert!(ok, "a record just removed fits again");
+                return Err(it);
+            }
+            vec![last, it]
+        };
+        let sep = items[0].key.clone();
         let right = Image {
             kind: KIND_LEAF,
             leaf_children: false,
             low: Some(sep.clone()),
             high,
             first: super::page::NO_PAGE,
-            items: vec![it],
+            items,
         };
         let rp = self.new_page(&right);
         let ok = parent.insert(i, &Self::item(sep, rp, false, Vec::new(), false));
@@ -1503,6 +1530,9 @@ impl BTree {
             let within = |k: &[u8]| low.is_none_or(|l| k >= l) && high.is_none_or(|h| k < h);
             if let Some(k) = keys.iter().find(|k| !within(k)) {
                 return Err(format!("page {pid}: key {k:?} outside its fences"));
+            }
+            if !n.fence_heads_match() {
+                return Err(format!("page {pid}: a fence's head differs from its key"));
             }
             if (0..keys.len()).any(|i| n.head(i) != super::node::head_of(&keys[i])) {
                 return Err(format!("page {pid}: a slot's head differs from its key"));

@@ -10,7 +10,8 @@
 //! word 6      one more than the slot of the last insert (sequential-insert detection)
 //! word 7..23  search hints: the first 8 bytes (big-endian) of the keys of slots
 //!             d, 2d, .. 16d with d = count / 17, when count is at least 34
-//! word 23..   the slot array, four words (32 bytes) a slot, growing up:
+//! word 23..27 the heads of the low and high fence (first 16 bytes, two words each)
+//! word 27..   the slot array, four words (32 bytes) a slot, growing up:
 //!               head  the key's first 16 bytes, zero padded, as a big-endian integer
 //!               meta  data offset (bits 0..16) | key length (16..32) | inline value length
 //!                     (32..62) | ghost (bit 62) | value in overflow pages (bit 63)
@@ -72,12 +73,18 @@ const W_LAST: usize = 6;
 const W_HINTS: usize = 7;
 /// Number of search hints.
 const HINTS: usize = 16;
+/// The low fence's head (two words), then the high fence's: a leaf reached through a
+/// [`LeafHint`](super::btree::LeafHint) is checked against its fences ([`Node::covers`])
+/// from the header's lines, without missing the cache twice more in the data area where the
+/// fence keys are, unless a fence and the key share their first 16 bytes.
+const W_FENCE_HEADS: usize = W_HINTS + HINTS;
 /// Nodes with fewer slots keep no hints (a plain binary search touches a few lines anyway).
 const HINT_MIN: usize = 2 * (HINTS + 1);
 /// Words before the slot array (and before an overflow page's bytes): with the frame's
-/// latch word in front, the header and the hints fill three cache lines, so every slot
-/// starts at a multiple of 32 bytes and none straddles two lines.
-pub const HDR_WORDS: usize = W_HINTS + HINTS;
+/// latch word in front, the header, the hints and the fence heads take 224 bytes (three
+/// and a half cache lines), so every slot starts at a multiple of 32 bytes and none
+/// straddles two lines.
+pub const HDR_WORDS: usize = W_FENCE_HEADS + 4;
 const HDR: usize = HDR_WORDS * 8;
 /// Bytes of an overflow page's payload.
 pub const OVERFLOW_BYTES: usize = PAGE_SIZE - HDR;
@@ -542,33 +549,52 @@ impl<'a> Node<'a> {
         Some(k)
     }
 
+    /// Orders the low (`low`) or high fence against `p` (`None`: the fence is infinite),
+    /// from the fence's head in the header as [`cmp`](Self::cmp) orders a slot's key.
     fn cmp_fence(&self, low: bool, p: &Probe<'_>) -> Option<Ordering> {
         let w = self.fence_word(low);
         (w & PRESENT != 0).then(|| {
-            self.0.cmp_bytes(
-                (w & 0xffff_ffff) as usize,
-                ((w >> 32) & 0xffff) as usize,
-                p.bytes,
-            )
+            let h = self.fence_head(low);
+            if h != p.head {
+                return h.cmp(&p.head);
+            }
+            let len = ((w >> 32) & 0xffff) as usize;
+            if len <= 16 || p.bytes.len() <= 16 {
+                return len.cmp(&p.bytes.len());
+            }
+            self.0
+                .cmp_bytes((w & 0xffff_ffff) as usize + 16, len - 16, &p.bytes[16..])
         })
     }
 
-    /// Hints the processor to load the lines of both fence keys at once: [`covers`]
-    /// compares the key with both, and they lie in the data area, away from the header, so
-    /// one after the other they cost two cache misses in a row. Safe on a page a writer
-    /// changes (the offsets are clamped to the page; a prefetch only hints).
-    ///
-    /// [`covers`]: Self::covers
+    /// True when both fence heads are those of the fence keys (an invariant check).
+    pub fn fence_heads_match(&self) -> bool {
+        [true, false]
+            .into_iter()
+            .all(|low| self.fence_head(low) == self.fence(low).map_or(0, |k| head_of(&k)))
+    }
+
+    /// The head of the low (`low`) or high fence (0 when it is infinite).
     #[inline]
-    pub fn prefetch_fences(&self) {
-        for w in [W_LOW, W_HIGH] {
-            let f = self.0.load(w);
-            if f & PRESENT != 0 {
-                let off = (f & 0xffff_ffff) as usize;
-                let len = ((f >> 32) & 0xffff) as usize;
-                self.0.prefetch(off, off + len.max(1));
-            }
-        }
+    fn fence_head(&self, low: bool) -> u128 {
+        let w = W_FENCE_HEADS + if low { 0 } else { 2 };
+        (u128::from(self.0.load(w)) << 64) | u128::from(self.0.load(w + 1))
+    }
+
+    /// Sets the low (`low`) or high fence's word and head for `key` stored at byte `start`
+    /// (`None`: infinite). Exclusive latch.
+    fn set_fence(&self, low: bool, fence: Option<(&[u8], usize)>) {
+        let (word, head) = match fence {
+            Some((key, start)) => (
+                PRESENT | ((key.len() as u64) << 32) | start as u64,
+                head_of(key),
+            ),
+            None => (0, 0),
+        };
+        let hw = W_FENCE_HEADS + if low { 0 } else { 2 };
+        self.0.store(hw, (head >> 64) as u64);
+        self.0.store(hw + 1, head as u64);
+        self.0.store(if low { W_LOW } else { W_HIGH }, word);
     }
 
     /// True when the node has no low fence (its range starts at -infinity).
@@ -629,10 +655,7 @@ impl<'a> Node<'a> {
             if let Some(k) = f {
                 start -= pad8(k.len());
                 self.0.write_bytes(start, k);
-                self.0.store(
-                    if low { W_LOW } else { W_HIGH },
-                    PRESENT | ((k.len() as u64) << 32) | start as u64,
-                );
+                self.set_fence(low, Some((k, start)));
             }
         }
         for (i, it) in img.items.iter().enumerate() {
@@ -751,15 +774,14 @@ impl<'a> Node<'a> {
         if self.gap() < need && self.free_total() + old_bytes < need {
             return false;
         }
-        self.0.store(W_HIGH, 0);
+        self.set_fence(false, None);
         self.set_data(self.data_start(), self.used().saturating_sub(old_bytes));
         if self.gap() < need {
             self.compact();
         }
         let start = self.data_start() - need;
         self.0.write_bytes(start, key);
-        self.0
-            .store(W_HIGH, PRESENT | ((key.len() as u64) << 32) | start as u64);
+        self.set_fence(false, Some((key, start)));
         self.set_data(start, self.used() + need);
         true
     }

@@ -53,8 +53,8 @@ pub const NO_PAGE: PageId = u64::MAX;
 /// Cache lines of a [`Frame`].
 const FRAME_LINES: usize = std::mem::size_of::<Frame>() / 64;
 
-/// Lines [`Frame::prefetch_header`] asks for: the latch's, then the page's header and
-/// search hints.
+/// Lines [`Frame::prefetch_header`] asks for: the latch's, then the page's header, search
+/// hints and fence heads (and the first slot).
 pub const HEADER_LINES: usize = 4;
 
 /// One page and its latch.
@@ -117,8 +117,9 @@ impl Frame {
         let _ = (from, to);
     }
 
-    /// Hints the processor to load the latch and the first 192 bytes of the page (a node's
-    /// header and search hints) at once: a descent reads all of them, one after the other.
+    /// Hints the processor to load the latch and the first 248 bytes of the page (a node's
+    /// header, search hints and fence heads) at once: a descent reads all of them, one
+    /// after the other.
     #[inline]
     pub fn prefetch_header(&self) {
         self.prefetch_lines(HEADER_LINES);

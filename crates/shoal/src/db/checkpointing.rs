@@ -220,8 +220,23 @@ impl DbInner {
         // pin comes before the lock: a checkpoint waiting for a joined phase must not hold up
         // one asked for inside a split-phase transaction, which fails at once instead (holding
         // the lock, the waiter kept that transaction, and so the split phase, from ending).
+        // An explicit checkpoint waits at most `DoppelOptions::stash_wait` for it, as a
+        // stashed re-run does (a split-phase transaction may stay open waiting for this very
+        // thread); the background checkpointer waits on.
         let _pin = match self.doppel() {
-            Some(d) => Some(crate::doppel::Pin::new(d)?),
+            Some(d) => {
+                let wait = stop.is_none().then_some(self.opts.doppel.stash_wait);
+                match crate::doppel::Pin::new(d, wait) {
+                    Ok(p) => Some(p),
+                    Err(Error::Io { source, .. }) => {
+                        return Err(Error::Io {
+                            path: dir.clone(),
+                            source,
+                        })
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
             None => None,
         };
         if self.opts.cc == ConcurrencyControl::Serial && crate::txn::holds_serial_turn(self.id) {
@@ -397,6 +412,11 @@ impl Database {
     /// transaction wait, whatever the deadlock policy (the committed value of a key a
     /// transaction holds locked comes from the log). Returns the checkpoint's LSN, or `None`
     /// without a log.
+    ///
+    /// Under Doppel a checkpoint runs in a joined phase; this call waits at most
+    /// [`DoppelOptions::stash_wait`](crate::doppel::DoppelOptions::stash_wait) for one and
+    /// then returns an [`Error::Io`] of kind [`TimedOut`](std::io::ErrorKind::TimedOut) (a
+    /// split-phase transaction of another thread stayed open); call again later.
     ///
     /// If a background checkpoint ([`Options::checkpoint_interval`]) failed since the last
     /// call, this call returns that failure instead (once), as an [`Error::Io`] whose message

@@ -171,7 +171,10 @@ pub struct DoppelOptions {
     /// needs every running transaction to end; when one of them waits for the stashed
     /// thread (outside the engine), it never comes. Past this wait the re-run goes on in the
     /// split phase; stashed again after a second such wait, [`Database::run`](crate::Database::run)
-    /// returns [`Error::Stashed`]. Default 2 s.
+    /// returns [`Error::Stashed`]. An explicit
+    /// [`Database::checkpoint`](crate::Database::checkpoint), which runs in a joined phase,
+    /// waits as long for one, then returns an [`Error::Io`] of kind `TimedOut` (the
+    /// background checkpointer waits on). Default 2 s.
     ///
     /// ```
     /// use std::time::Duration;
@@ -534,9 +537,23 @@ impl Doppel {
         self.cv.notify_all();
     }
 
-    /// Registers a transaction (or a checkpoint pin, `joined_only`) in the current phase; see
-    /// the module documentation.
-    pub(crate) fn enter(self: &Arc<Self>, joined_only: bool) -> Entered {
+    /// Registers a transaction in the current phase; see the module documentation.
+    pub(crate) fn enter(self: &Arc<Self>) -> Entered {
+        loop {
+            // Without `joined_only`, `try_enter` always enters.
+            if let Some(e) = self.try_enter(false, None) {
+                return e;
+            }
+        }
+    }
+
+    /// Registers a transaction, or with `joined_only` a checkpoint pin, which waits for a
+    /// joined phase: until `deadline` if there is one, then gives up (`None`).
+    fn try_enter(
+        self: &Arc<Self>,
+        joined_only: bool,
+        deadline: Option<Instant>,
+    ) -> Option<Entered> {
         let slot = worker_id() as usize % self.slots.len();
         let nested = active_count(self.db) > 0;
         let mark = if nested {
@@ -566,6 +583,9 @@ impl Doppel {
                     || ((joined_only || wait_mark) && w & SPLIT != 0)
                     || (wait_mark && mark.is_some_and(|e| epoch_of(w) <= e))
                 {
+                    if joined_only && deadline.is_some_and(|d| Instant::now() >= d) {
+                        return None;
+                    }
                     self.wait_while(w);
                     continue;
                 }
@@ -592,13 +612,13 @@ impl Doppel {
             n % every == 0
         });
         let split = w & SPLIT != 0;
-        Entered {
+        Some(Entered {
             slot,
             epoch: epoch_of(w),
             split,
             sampled,
             split_map: split.then(|| Arc::clone(&self.slots[slot].data.lock().split)),
-        }
+        })
     }
 
     /// Ends what [`enter`](Self::enter) began.
@@ -705,7 +725,10 @@ pub(crate) struct Pin {
 }
 
 impl Pin {
-    pub(crate) fn new(rt: &Arc<Doppel>) -> Result<Pin> {
+    /// Waits for a joined phase and holds it. With `wait`, gives up after that long (a
+    /// split-phase transaction that stays open, perhaps waiting for this very thread, keeps
+    /// the phase split for ever) and returns an [`Error::Io`] of kind `TimedOut`.
+    pub(crate) fn new(rt: &Arc<Doppel>, wait: Option<Duration>) -> Result<Pin> {
         // Nested in a transaction of this thread, the phase cannot change: a split one would
         // never end.
         if active_count(rt.db) > 0 && rt.word.load(Ordering::SeqCst) & SPLIT != 0 {
@@ -716,12 +739,25 @@ impl Pin {
         // Waiting for a joined phase like a stashed thread: the coordinator ends a split phase
         // (after t_s) for pending waiters.
         rt.pending.fetch_add(1, Ordering::AcqRel);
-        let e = rt.enter(true);
+        let e = rt.try_enter(true, wait.map(|w| Instant::now() + w));
         rt.pending.fetch_sub(1, Ordering::AcqRel);
-        Ok(Pin {
-            rt: Arc::clone(rt),
-            slot: e.slot,
-        })
+        match e {
+            Some(e) => Ok(Pin {
+                rt: Arc::clone(rt),
+                slot: e.slot,
+            }),
+            None => Err(Error::Io {
+                path: std::path::PathBuf::new(),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!(
+                        "checkpoint: no joined Doppel phase within {:?} (DoppelOptions::stash_wait): \
+                         a split-phase transaction stayed open",
+                        rt.opts.stash_wait
+                    ),
+                ),
+            }),
+        }
     }
 }
 

@@ -35,7 +35,7 @@ impl DoppelTxn {
     pub(super) fn begin(rt: &Arc<Doppel>, occ: Occ) -> DoppelTxn {
         DoppelTxn {
             occ,
-            e: rt.enter(false),
+            e: rt.enter(),
             sw: Vec::new(),
             ops: Vec::new(),
             keys: Vec::new(),

@@ -250,7 +250,7 @@ fn run_group<W: PortableWorkload>(
         p.db_dir.as_deref(),
         &format!("shoal-bench-{}-", engine.name()),
     )?;
-    let db = engine.open(dir.path(), dur)?;
+    let mut db = engine.open(dir.path(), dur)?;
     let t0 = Instant::now();
     let w = W::load(db.as_ref(), load)
         .with_context(|| format!("loading {} into {}", p.workload.name(), engine.name()))?;
@@ -261,6 +261,11 @@ fn run_group<W: PortableWorkload>(
         w.rows(),
         engine.name()
     );
+    // Untimed (not in `load_s`), before the first warm-up.
+    let settled = (db.settle()).with_context(|| format!("settling {}", engine.name()))?;
+    if let Some(note) = settled {
+        eprintln!("settled {}: {note}", engine.name());
+    }
     let mut done = Done::default();
     for run in runs {
         let (m, t) = measure(p, db.as_ref(), &w, run)

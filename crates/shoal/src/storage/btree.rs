@@ -231,6 +231,9 @@ impl Default for BTree {
 thread_local! {
     /// A value buffer reused by lookups and updates, so that neither allocates.
     static SCRATCH: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
+    /// A key buffer for the prior key an insert is told (see
+    /// [`BTree::update_with_prior`]), so that telling it allocates nothing.
+    static PRIOR: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
 }
 
 /// Keeps `v`'s allocation as the thread's [`SCRATCH`] buffer (unless it is larger than a
@@ -587,13 +590,17 @@ impl BTree {
     /// key, and copying it out would cost an allocation). Saves an inserter a descent, and
     /// lets it check the prior key under the same latch as the insert. Starts from the leaf
     /// `hint` names if it holds the key, and returns the hint of the leaf it latched.
+    ///
+    /// With `want_prior` false, `f` is told `None` always (as [`update_hinted`](Self::update_hinted)
+    /// would, in the same shape).
     pub(crate) fn update_with_prior<R>(
         &self,
         key: &[u8],
         hint: Option<LeafHint>,
+        want_prior: bool,
         f: impl FnOnce(&mut Option<Record>, Option<Option<&[u8]>>) -> R,
     ) -> (R, LeafHint) {
-        let (r, pid) = self.update_impl(&Probe::new(key), hint, true, f);
+        let (r, pid) = self.update_impl(&Probe::new(key), hint, want_prior, f);
         (r, self.hint(pid))
     }
 
@@ -759,7 +766,12 @@ impl BTree {
             Ok(i) | Err(i) => i,
         };
         let want_prior = want_prior && found.is_err();
-        let prior_key = (want_prior && i > 0).then(|| n.key(i - 1));
+        let prior_key = (want_prior && i > 0).then(|| {
+            let mut k = PRIOR.try_with(Cell::take).unwrap_or_default();
+            k.clear();
+            n.key_into(i - 1, &mut k);
+            k
+        });
         let prior = match &prior_key {
             Some(k) => Some(Some(&k[..])),
             None if want_prior && n.starts_at_neg_inf() => Some(None),
@@ -790,6 +802,11 @@ impl BTree {
             None
         };
         let r = f(&mut slot, prior);
+        if let Some(k) = prior_key {
+            if k.capacity() <= PAGE_SIZE {
+                let _ = PRIOR.try_with(|s| s.set(k));
+            }
+        }
         match (found, slot) {
             (Err(_), None) => Applied::Done(r, false),
             (Ok(i), None) => {

@@ -110,7 +110,7 @@ pub fn leaf_prefetch_lines(count: usize) -> usize {
     }
 }
 
-/// Most slots of a full leaf whose slot array a descent prefetches (24 lines in all).
+/// Most slots of a full leaf whose slot array a descent prefetches (25 lines in all).
 pub const SMALL_LEAF: usize = 40;
 
 const GHOST: u64 = 1 << 62;

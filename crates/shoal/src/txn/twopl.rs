@@ -55,7 +55,7 @@ use crate::db::{DbInner, LogMode, TableSlots};
 use crate::error::{show_key, Error, Result};
 use crate::lock::intent::{LightweightIntentLocks, PrivateIntents};
 use crate::lock::modes::{cursor_mode, CursorDir, CursorStep, Part};
-use crate::lock::{LockFailure, LockId, LockMode, TaggedGrant, TxnId};
+use crate::lock::{LockFailure, LockId, LockKey, LockMode, TaggedGrant, TxnId};
 use crate::storage::btree::{LeafHint, Record};
 
 /// The state of a two-phase-locking transaction: its locks, its undo list and its ghosts.
@@ -425,11 +425,12 @@ impl TwoPl {
             Done(T),
             Failed(Error),
             /// No record; the prior key if the leaf showed it (a hint for the insert).
-            Absent(Option<Option<Vec<u8>>>),
+            Absent(Option<Option<LockKey>>),
         }
         let hint = self.hint(slot);
         let undo = &mut self.undo;
-        let (step, h) = tree.update_with_prior(key, hint, |rec, prior| match rec {
+        let locking = self.locking;
+        let (step, h) = tree.update_with_prior(key, hint, locking, |rec, prior| match rec {
             Some(r) => {
                 let cur = if r.ghost { None } else { Some(&r.value[..]) };
                 match f(cur) {
@@ -445,7 +446,19 @@ impl TwoPl {
                     Err(e) => Step::Failed(e),
                 }
             }
-            None => Step::Absent(prior.map(|p| p.map(<[u8]>::to_vec))),
+            // `Serial` and `None` check no gap: the record is created here, under the latch
+            // the search took (one search of the leaf, not two).
+            None if !locking => match f(None) {
+                Ok(v) => {
+                    undo.push(slot, key, None, Some(v.as_ref()));
+                    *rec = Some(Record::copied(v.as_ref()));
+                    Step::Done(v)
+                }
+                Err(e) => Step::Failed(e),
+            },
+            // The prior key as a lock name: inline up to `LockKey::INLINE` bytes, so no
+            // allocation for it (or for the gap lock's id made from it).
+            None => Step::Absent(prior.map(|p| p.map(LockKey::from))),
         });
         self.set_hint(slot, h);
         match step {
@@ -481,34 +494,15 @@ impl TwoPl {
         slot: u16,
         key: &[u8],
         value: &[u8],
-        mut hint: Option<Option<Vec<u8>>>,
+        mut hint: Option<Option<LockKey>>,
     ) -> Result<()> {
-        if !self.locking {
-            // `Serial` and `None`: no gap to protect, so no prior key to check.
-            let tree = &cx.table(slot).inner.tree;
-            let hint = self.hint(slot);
-            let undo = &mut self.undo;
-            let (_, h) = tree.update_hinted(key, hint, |rec| match rec {
-                Some(r) => {
-                    undo.push(slot, key, Some(Before::of(r)), Some(value));
-                    r.value.clear();
-                    r.value.extend_from_slice(value);
-                    r.ghost = false;
-                    r.tid = 0;
-                }
-                None => {
-                    undo.push(slot, key, None, Some(value));
-                    *rec = Some(Record::copied(value));
-                }
-            });
-            self.set_hint(slot, h);
-            return Ok(());
-        }
+        // `Serial` and `None` insert in `modify`: they check no gap.
+        debug_assert!(self.locking);
         loop {
             let tree = &cx.table(slot).inner.tree;
             let prior = match hint.take() {
                 Some(p) => p,
-                None => tree.predecessor(key),
+                None => tree.predecessor(key).map(LockKey::from),
             };
             let gap = gap_id(cx, slot, prior.clone());
             // The gap part this transaction holds on the prior key, read before the instant
@@ -545,7 +539,7 @@ impl TwoPl {
             // latch when the leaf shows the predecessor, else in two steps (the NX lock keeps
             // the gap from changing in between).
             let hint = self.hint(slot);
-            let (moved, h) = tree.update_with_prior(key, hint, |rec, now| match now {
+            let (moved, h) = tree.update_with_prior(key, hint, true, |rec, now| match now {
                 Some(now) if now != prior.as_deref() => Some(true),
                 Some(_) => {
                     put(rec);
@@ -556,7 +550,7 @@ impl TwoPl {
             self.set_hint(slot, h);
             let moved = match moved {
                 Some(m) => m,
-                None if tree.predecessor(key) != prior => true,
+                None if tree.predecessor(key).as_deref() != prior.as_deref() => true,
                 None => {
                     tree.update(key, &mut put);
                     false
@@ -764,7 +758,7 @@ impl Protocol for TwoPl {
                                 CursorStep::InitialFenceLow
                             };
                             (
-                                gap_id(cx, slot, p.clone()),
+                                gap_id(cx, slot, p.as_deref().map(LockKey::from)),
                                 cursor_mode(CursorDir::Ascending, incl, step),
                                 p,
                             )
@@ -889,10 +883,10 @@ fn key_id(cx: &Ctx<'_>, slot: u16, key: &[u8]) -> LockId {
     LockId::Key(cx.table(slot).inner.id, key.into())
 }
 
-fn gap_id(cx: &Ctx<'_>, slot: u16, prior: Option<Vec<u8>>) -> LockId {
+fn gap_id(cx: &Ctx<'_>, slot: u16, prior: Option<LockKey>) -> LockId {
     let tid = cx.table(slot).inner.id;
     match prior {
-        Some(k) => LockId::Key(tid, k.into()),
+        Some(k) => LockId::Key(tid, k),
         None => LockId::NegInf(tid),
     }
 }

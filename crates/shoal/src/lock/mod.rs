@@ -155,10 +155,30 @@ impl From<LockKey> for Box<[u8]> {
     }
 }
 
+impl LockKey {
+    /// The key's length and its first 16 bytes, zero padded, when it is inline and at most
+    /// 16 bytes long: the lock table's entries keep such keys in this form, and compare
+    /// them as two fixed arrays (a few word compares, not a call to `memcmp`).
+    #[inline]
+    pub(crate) fn head16(&self) -> Option<(u8, &[u8; 16])> {
+        match &self.0 {
+            KeyRepr::Inline(n, b) if usize::from(*n) <= 16 => {
+                b.first_chunk::<16>().map(|h| (*n, h))
+            }
+            _ => None,
+        }
+    }
+}
+
 impl PartialEq for LockKey {
     #[inline]
     fn eq(&self, other: &LockKey) -> bool {
-        **self == **other
+        match (&self.0, &other.0) {
+            // Both zero padded past their length (no constructor or `DerefMut` writes
+            // there): equal keys have equal arrays.
+            (KeyRepr::Inline(n, a), KeyRepr::Inline(m, b)) => n == m && a == b,
+            _ => **self == **other,
+        }
     }
 }
 
@@ -418,6 +438,9 @@ mod tests {
         for n in [
             0,
             1,
+            15,
+            16,
+            17,
             LockKey::INLINE - 1,
             LockKey::INLINE,
             LockKey::INLINE + 1,
@@ -438,16 +461,30 @@ mod tests {
                 keys.push((bytes, a));
             }
         }
-        // Ordered as their bytes, whatever their representation.
+        // Ordered and equal as their bytes, whatever their representation (keys of zero
+        // bytes that differ only in length included).
         for (x, kx) in &keys {
             for (y, ky) in &keys {
                 assert_eq!(kx.cmp(ky), x.cmp(y));
+                assert_eq!(kx == ky, x == y, "{x:?} {y:?}");
+            }
+            match kx.head16() {
+                Some((n, h)) => {
+                    assert!(x.len() <= 16);
+                    assert_eq!(usize::from(n), x.len());
+                    assert_eq!(&h[..x.len()], &x[..]);
+                    assert!(h[x.len()..].iter().all(|&b| b == 0));
+                }
+                None => assert!(x.len() > 16),
             }
         }
-        // Overwritten in place, the length stays.
+        // Overwritten in place, the length stays, and it equals the key built from the
+        // new bytes.
         let mut k = LockKey::from(&b"abc"[..]);
         k.copy_from_slice(b"xyz");
         assert_eq!(&*k, b"xyz");
+        assert_eq!(k, LockKey::from(&b"xyz"[..]));
+        assert_ne!(k, LockKey::from(&b"xyz\0"[..]));
     }
 
     #[test]

@@ -94,6 +94,8 @@ const SPIN_STEP: u32 = 64;
 
 /// Longest key (in bytes) whose lock name is stored in its entry without an allocation.
 pub const INLINE_KEY: usize = 16;
+// `Name::of` and `Name::is` take a short key's bytes from `LockKey::head16`.
+const _: () = assert!(INLINE_KEY == 16 && INLINE_KEY <= super::LockKey::INLINE);
 
 /// One transaction's request on one lock.
 #[derive(Clone, Copy)]
@@ -448,7 +450,11 @@ impl Name {
         match (self, id) {
             (Name::Database, LockId::Database) => true,
             (Name::Table(a), LockId::Table(b)) | (Name::NegInf(a), LockId::NegInf(b)) => a == b,
-            (Name::Short(a, n, b), LockId::Key(t, k)) => a == t && b[..usize::from(*n)] == k[..],
+            // A short name holds a key of at most 16 bytes, zero padded: the id's key
+            // matches only if it is as short, and then its inline form compares whole.
+            (Name::Short(a, n, b), LockId::Key(t, k)) => {
+                a == t && k.head16().is_some_and(|(m, h)| m == *n && h == b)
+            }
             (Name::Long(a, b), LockId::Key(t, k)) => a == t && b[..] == k[..],
             _ => false,
         }

@@ -159,3 +159,31 @@ fn a_shards_first_lock_and_its_table_hold_locks_apart() {
     assert!(t.is_idle());
     assert_eq!(t.footprint().heads, 0);
 }
+
+#[test]
+fn an_entry_name_matches_exactly_the_ids_of_its_key() {
+    // Keys of zero bytes that differ only in length, keys around the 16-byte inline limit
+    // of an entry's name and the 22-byte one of a lock id, in two tables.
+    let mut ids = vec![LockId::Database];
+    for t in [1u32, 2] {
+        ids.push(LockId::Table(t));
+        ids.push(LockId::NegInf(t));
+        for n in [0usize, 1, 2, 8, 15, 16, 17, 22, 23, 40] {
+            for b in [0u8, 9] {
+                let mut k = vec![b; n];
+                ids.push(LockId::Key(t, LockKey::from(&k[..])));
+                if let Some(last) = k.last_mut() {
+                    *last = 1;
+                    ids.push(LockId::Key(t, LockKey::from(k)));
+                }
+            }
+        }
+    }
+    for a in &ids {
+        let name = Name::of(a);
+        assert_eq!(name.hash(), hash_id(a), "{a:?}");
+        for b in &ids {
+            assert_eq!(name.is(b), a == b, "{a:?} against {b:?}");
+        }
+    }
+}

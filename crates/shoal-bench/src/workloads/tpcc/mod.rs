@@ -637,6 +637,40 @@ impl Stock {
     }
 }
 
+impl Place {
+    /// The tax rate of the encoded warehouse or district row `row`, `None` unless it is one
+    /// well-formed row (no allocation: its strings are skipped, not copied).
+    fn tax_of(row: &[u8]) -> Option<u32> {
+        let mut r = Dec::new(row);
+        for _ in 0..6 {
+            let _name_and_address = r.s_ref();
+        }
+        let tax = r.u32();
+        r.done().then_some(tax)
+    }
+}
+
+impl Customer {
+    /// The discount of the encoded customer row `row`, `None` unless it is one well-formed
+    /// customer row (no allocation: its strings are skipped, not copied).
+    fn discount_of(row: &[u8]) -> Option<u32> {
+        let mut r = Dec::new(row);
+        for _ in 0..9 {
+            let _name_address_phone = r.s_ref();
+        }
+        let _since = r.u64();
+        let _credit = r.s_ref();
+        let _credit_lim = r.i64();
+        let discount = r.u32();
+        let _balance = r.i64();
+        let _ytd_payment = r.i64();
+        let _payment_cnt = r.u32();
+        let _delivery_cnt = r.u32();
+        let _data = r.s_ref();
+        r.done().then_some(discount)
+    }
+}
+
 impl Item {
     /// The price of the encoded item row `row`, `None` unless it is one well-formed item
     /// row (no allocation: its strings are skipped, not copied).

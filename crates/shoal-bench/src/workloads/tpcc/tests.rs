@@ -382,3 +382,54 @@ fn an_item_rows_price_reads_without_decoding_its_strings() {
     longer.push(0);
     assert_eq!(Item::price_of(&longer), None);
 }
+
+#[test]
+fn new_orders_tax_and_discount_read_as_decode_would_without_copying_strings() {
+    let mut rng = SmallRng::seed_from_u64(5);
+    let mut s = |lo, hi| astring(&mut rng, lo, hi);
+    for round in 0..100u32 {
+        let p = Place {
+            name: s(6, 10),
+            street1: s(10, 20),
+            street2: s(10, 20),
+            city: s(10, 20),
+            state: s(2, 2),
+            zip: s(9, 9),
+            tax: round * 13 % 2_001,
+        };
+        let row = p.encode();
+        assert_eq!(Place::tax_of(&row), Place::decode(&row).map(|p| p.tax));
+        assert_eq!(Place::tax_of(&row), Some(p.tax));
+        assert_eq!(Place::tax_of(&row[..row.len() - 1]), None);
+        let c = Customer {
+            first: s(8, 16),
+            middle: b"OE".to_vec(),
+            last: last_name(round % 1000),
+            street1: s(10, 20),
+            street2: s(10, 20),
+            city: s(10, 20),
+            state: s(2, 2),
+            zip: s(9, 9),
+            phone: s(16, 16),
+            since: u64::from(round),
+            credit: if round % 10 == 0 { b"BC" } else { b"GC" }.to_vec(),
+            credit_lim: 5_000_000,
+            discount: round * 37 % 5_001,
+            balance: -1_000,
+            ytd_payment: 1_000,
+            payment_cnt: 1,
+            delivery_cnt: 0,
+            data: s(300, 500),
+        };
+        let row = c.encode();
+        assert_eq!(
+            Customer::discount_of(&row),
+            Customer::decode(&row).map(|c| c.discount)
+        );
+        assert_eq!(Customer::discount_of(&row), Some(c.discount));
+        let mut longer = row.clone();
+        longer.push(0);
+        assert_eq!(Customer::discount_of(&longer), None);
+        assert_eq!(Customer::discount_of(&row[..row.len() / 2]), None);
+    }
+}

@@ -148,19 +148,23 @@ impl Tpcc {
         rollback: bool,
         now: u64,
     ) -> shoal::Result<()> {
-        let wv = tx
-            .get(&self.warehouse, wkey(w, 0))?
-            .ok_or_else(|| malformed("warehouse"))?;
-        let w_tax = Place::decode(&wv)
-            .ok_or_else(|| malformed("warehouse"))?
-            .tax;
-        let dv = tx
-            .get(&self.district, dkey(w, d, 0))?
-            .ok_or_else(|| malformed("district"))?;
-        let d_tax = Place::decode(&dv).ok_or_else(|| malformed("district"))?.tax;
+        // One buffer for the warehouse, district and customer rows, read in turn; of each,
+        // only the field NewOrder uses is decoded (no string copied).
+        let mut row = Vec::new();
+        if !tx.get_into(&self.warehouse, wkey(w, 0), &mut row)? {
+            return Err(malformed("warehouse"));
+        }
+        let w_tax = Place::tax_of(&row).ok_or_else(|| malformed("warehouse"))?;
+        if !tx.get_into(&self.district, dkey(w, d, 0), &mut row)? {
+            return Err(malformed("district"));
+        }
+        let d_tax = Place::tax_of(&row).ok_or_else(|| malformed("district"))?;
         let o = u32::try_from(tx.add_and_get(&self.district, dkey(w, d, 2), 1)? - 1)
             .map_err(|_| malformed("district"))?;
-        let (_, cust) = self.find_customer(tx, w, d, &CustomerBy::Id(c), false)?;
+        if !tx.get_into(&self.customer, wdid(w, d, c), &mut row)? {
+            return Err(malformed("customer"));
+        }
+        let discount = Customer::discount_of(&row).ok_or_else(|| malformed("customer"))?;
         let all_local = u8::from(lines.iter().all(|l| l.supply_w == w));
         let ord = Order {
             c_id: c,
@@ -214,7 +218,7 @@ impl Tpcc {
             self.insert_new(tx, &self.order_line, &ol_key(w, d, o, n as u8 + 1), &olv)?;
         }
         // The total the terminal would show: sum * (1 - discount) * (1 + w_tax + d_tax).
-        let _total = total * i64::from(10_000 - cust.discount) / 10_000
+        let _total = total * i64::from(10_000 - discount) / 10_000
             * i64::from(10_000 + w_tax + d_tax)
             / 10_000;
         Ok(())

@@ -638,6 +638,18 @@ impl Stock {
 }
 
 impl Place {
+    /// The name of the encoded warehouse or district row `row`, borrowed from it; `None`
+    /// unless it is one well-formed row.
+    fn name_of(row: &[u8]) -> Option<&[u8]> {
+        let mut r = Dec::new(row);
+        let name = r.s_ref();
+        for _ in 0..5 {
+            let _address = r.s_ref();
+        }
+        let _tax = r.u32();
+        r.done().then_some(name)
+    }
+
     /// The tax rate of the encoded warehouse or district row `row`, `None` unless it is one
     /// well-formed row (no allocation: its strings are skipped, not copied).
     fn tax_of(row: &[u8]) -> Option<u32> {

@@ -384,7 +384,7 @@ fn an_item_rows_price_reads_without_decoding_its_strings() {
 }
 
 #[test]
-fn new_orders_tax_and_discount_read_as_decode_would_without_copying_strings() {
+fn tax_discount_and_name_read_as_decode_would_without_copying_strings() {
     let mut rng = SmallRng::seed_from_u64(5);
     let mut s = |lo, hi| astring(&mut rng, lo, hi);
     for round in 0..100u32 {
@@ -401,6 +401,8 @@ fn new_orders_tax_and_discount_read_as_decode_would_without_copying_strings() {
         assert_eq!(Place::tax_of(&row), Place::decode(&row).map(|p| p.tax));
         assert_eq!(Place::tax_of(&row), Some(p.tax));
         assert_eq!(Place::tax_of(&row[..row.len() - 1]), None);
+        assert_eq!(Place::name_of(&row), Some(&p.name[..]));
+        assert_eq!(Place::name_of(&row[..row.len() - 1]), None);
         let c = Customer {
             first: s(8, 16),
             middle: b"OE".to_vec(),

@@ -236,15 +236,18 @@ impl Tpcc {
         hkey: [u8; 10],
     ) -> shoal::Result<()> {
         tx.add_and_get(&self.warehouse, wkey(w, 1), amount)?;
-        let wv = tx
-            .get(&self.warehouse, wkey(w, 0))?
-            .ok_or_else(|| malformed("warehouse"))?;
-        let wp = Place::decode(&wv).ok_or_else(|| malformed("warehouse"))?;
+        // Of the warehouse and district rows only the names are used (in the history row):
+        // they are borrowed from the rows read, not decoded into strings.
+        let (mut wv, mut dv) = (Vec::new(), Vec::new());
+        if !tx.get_into(&self.warehouse, wkey(w, 0), &mut wv)? {
+            return Err(malformed("warehouse"));
+        }
+        let w_name = Place::name_of(&wv).ok_or_else(|| malformed("warehouse"))?;
         tx.add_and_get(&self.district, dkey(w, d, 1), amount)?;
-        let dv = tx
-            .get(&self.district, dkey(w, d, 0))?
-            .ok_or_else(|| malformed("district"))?;
-        let dp = Place::decode(&dv).ok_or_else(|| malformed("district"))?;
+        if !tx.get_into(&self.district, dkey(w, d, 0), &mut dv)? {
+            return Err(malformed("district"));
+        }
+        let d_name = Place::name_of(&dv).ok_or_else(|| malformed("district"))?;
         let (c, mut cust) = self.find_customer(tx, c_w, c_d, by, true)?;
         cust.balance -= amount;
         cust.ytd_payment += amount;
@@ -261,9 +264,10 @@ impl Tpcc {
             cust.data = data;
         }
         tx.put(&self.customer, wdid(c_w, c_d, c), cust.encode())?;
-        let mut hdata = wp.name;
+        let mut hdata = Vec::with_capacity(w_name.len() + 4 + d_name.len());
+        hdata.extend_from_slice(w_name);
         hdata.extend_from_slice(b"    ");
-        hdata.extend_from_slice(&dp.name);
+        hdata.extend_from_slice(d_name);
         let h = History {
             c_id: c,
             c_d,

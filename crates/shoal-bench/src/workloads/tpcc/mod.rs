@@ -663,6 +663,44 @@ impl Place {
 }
 
 impl Customer {
+    /// Adds `balance`, `ytd_payment`, `payment_cnt` and `delivery_cnt` to C_BALANCE,
+    /// C_YTD_PAYMENT, C_PAYMENT_CNT and C_DELIVERY_CNT of the encoded customer row `row`, in
+    /// place: the same bytes as decoding, changing and encoding the row, without allocating
+    /// (the four are fixed-size fields at an offset the strings before them give). Returns
+    /// whether the customer's credit is bad (C_CREDIT "BC"); `None`, and `row` unchanged,
+    /// unless it is one well-formed customer row.
+    fn add_in_place(
+        row: &mut [u8],
+        balance: i64,
+        ytd_payment: i64,
+        payment_cnt: u32,
+        delivery_cnt: u32,
+    ) -> Option<bool> {
+        let (at, bad_credit, old) = {
+            let mut r = Dec::new(row);
+            for _ in 0..9 {
+                let _name_address_phone = r.s_ref();
+            }
+            let _since = r.u64();
+            let credit = r.s_ref();
+            let _credit_lim = r.i64();
+            let _discount = r.u32();
+            let at = row.len() - r.b.len();
+            let old = (r.i64(), r.i64(), r.u32(), r.u32());
+            let _data = r.s_ref();
+            if !r.done() {
+                return None;
+            }
+            (at, credit == b"BC", old)
+        };
+        let fields = row.get_mut(at..at + 24)?;
+        fields[..8].copy_from_slice(&(old.0 + balance).to_le_bytes());
+        fields[8..16].copy_from_slice(&(old.1 + ytd_payment).to_le_bytes());
+        fields[16..20].copy_from_slice(&(old.2 + payment_cnt).to_le_bytes());
+        fields[20..].copy_from_slice(&(old.3 + delivery_cnt).to_le_bytes());
+        Some(bad_credit)
+    }
+
     /// The discount of the encoded customer row `row`, `None` unless it is one well-formed
     /// customer row (no allocation: its strings are skipped, not copied).
     fn discount_of(row: &[u8]) -> Option<u32> {

@@ -433,5 +433,20 @@ fn tax_discount_and_name_read_as_decode_would_without_copying_strings() {
         longer.push(0);
         assert_eq!(Customer::discount_of(&longer), None);
         assert_eq!(Customer::discount_of(&row[..row.len() / 2]), None);
+        // Payment's and Delivery's change in place: as decode, change, encode would.
+        let (amount, sum) = (i64::from(round) * 7 - 300, i64::from(round) * 11);
+        let mut want = c.clone();
+        want.balance += sum - amount;
+        want.ytd_payment += amount;
+        want.payment_cnt += 1;
+        want.delivery_cnt += 1;
+        let mut changed = row.clone();
+        let bad = Customer::add_in_place(&mut changed, -amount, amount, 1, 0);
+        assert_eq!(bad, Some(c.credit == b"BC"));
+        assert_eq!(Customer::add_in_place(&mut changed, sum, 0, 0, 1), bad);
+        assert_eq!(changed, want.encode());
+        let mut cut = row[..row.len() - 1].to_vec();
+        assert_eq!(Customer::add_in_place(&mut cut, 1, 1, 1, 1), None);
+        assert_eq!(cut, row[..row.len() - 1]);
     }
 }

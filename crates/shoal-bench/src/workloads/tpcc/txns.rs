@@ -106,6 +106,28 @@ impl Tpcc {
         }
     }
 
+    /// The id of the customer `by` names in district `(w, d)` (see
+    /// [`find_customer`](Self::find_customer)).
+    fn customer_id(
+        &self,
+        tx: &mut Transaction<'_>,
+        w: u32,
+        d: u8,
+        by: &CustomerBy,
+    ) -> shoal::Result<u32> {
+        Ok(match by {
+            CustomerBy::Id(c) => *c,
+            CustomerBy::LastName(last) => {
+                let rows = tx.scan(&self.customer_name, prefix_range(&cname_prefix(w, d, last)))?;
+                if rows.is_empty() {
+                    return Err(malformed("customer_name"));
+                }
+                let (k, _) = &rows[(rows.len() - 1) / 2];
+                id_at(k, k.len() - 4)
+            }
+        })
+    }
+
     /// Finds a customer: by id, or the one at position ceil(n/2) among the n customers with
     /// the last name, sorted by first name (clause 2.5.2.2).
     fn find_customer(
@@ -116,17 +138,7 @@ impl Tpcc {
         by: &CustomerBy,
         for_update: bool,
     ) -> shoal::Result<(u32, Customer)> {
-        let c = match by {
-            CustomerBy::Id(c) => *c,
-            CustomerBy::LastName(last) => {
-                let rows = tx.scan(&self.customer_name, prefix_range(&cname_prefix(w, d, last)))?;
-                if rows.is_empty() {
-                    return Err(malformed("customer_name"));
-                }
-                let (k, _) = &rows[(rows.len() - 1) / 2];
-                id_at(k, k.len() - 4)
-            }
-        };
+        let c = self.customer_id(tx, w, d, by)?;
         let key = wdid(w, d, c);
         let v = if for_update {
             tx.get_for_update(&self.customer, key)?
@@ -248,11 +260,18 @@ impl Tpcc {
             return Err(malformed("district"));
         }
         let d_name = Place::name_of(&dv).ok_or_else(|| malformed("district"))?;
-        let (c, mut cust) = self.find_customer(tx, c_w, c_d, by, true)?;
-        cust.balance -= amount;
-        cust.ytd_payment += amount;
-        cust.payment_cnt += 1;
-        if cust.credit == b"BC" {
+        // The customer's counters change in the row read (no decoding); only a customer
+        // with bad credit, whose C_DATA grows, is decoded and encoded again.
+        let c = self.customer_id(tx, c_w, c_d, by)?;
+        let ck = wdid(c_w, c_d, c);
+        let mut cv = Vec::new();
+        if !tx.get_for_update_into(&self.customer, ck, &mut cv)? {
+            return Err(malformed("customer"));
+        }
+        let bad_credit = Customer::add_in_place(&mut cv, -amount, amount, 1, 0)
+            .ok_or_else(|| malformed("customer"))?;
+        if bad_credit {
+            let mut cust = Customer::decode(&cv).ok_or_else(|| malformed("customer"))?;
             let mut data = format!(
                 "{c} {c_d} {c_w} {d} {w} {}.{:02} ",
                 amount / 100,
@@ -262,8 +281,9 @@ impl Tpcc {
             data.extend_from_slice(&cust.data);
             data.truncate(500);
             cust.data = data;
+            cust.encode_into(&mut cv);
         }
-        tx.put(&self.customer, wdid(c_w, c_d, c), cust.encode())?;
+        tx.put(&self.customer, ck, &cv)?;
         let mut hdata = Vec::with_capacity(w_name.len() + 4 + d_name.len());
         hdata.extend_from_slice(w_name);
         hdata.extend_from_slice(b"    ");
@@ -336,13 +356,11 @@ impl Tpcc {
                 tx.put(&self.order_line, k, l.encode())?;
             }
             let ck = wdid(w, d, ord.c_id);
-            let cv = tx
+            let mut cv = tx
                 .get_for_update(&self.customer, ck)?
                 .ok_or_else(|| malformed("customer"))?;
-            let mut cust = Customer::decode(&cv).ok_or_else(|| malformed("customer"))?;
-            cust.balance += sum;
-            cust.delivery_cnt += 1;
-            tx.put(&self.customer, ck, cust.encode())?;
+            Customer::add_in_place(&mut cv, sum, 0, 0, 1).ok_or_else(|| malformed("customer"))?;
+            tx.put(&self.customer, ck, &cv)?;
         }
         Ok(())
     }

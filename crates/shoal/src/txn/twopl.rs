@@ -785,12 +785,17 @@ impl Protocol for TwoPl {
         }
         let next_mode = cursor_mode(CursorDir::Ascending, true, CursorStep::Next);
         let mut start: Bound<Vec<u8>> = lo.map(<[u8]>::to_vec);
+        let mut leaves = Vec::new();
         loop {
             // Read (and lock) no further than the rows still wanted; ghosts are skipped, so
             // a short chunk may need another one.
             let want = SCAN_CHUNK.min(limit.saturating_sub(out.len())).max(1);
             let tree = &cx.table(slot).inner.tree;
-            let mut chunk = tree.range(as_ref_bound(&start), hi, want);
+            // The leaves the chunk came from, with their versions: when no writer has
+            // latched any of them once the keys are locked, the chunk is what a second read
+            // would return (`BTree::range_noting`), and the scan does without that read.
+            leaves.clear();
+            let mut chunk = tree.range_noting(as_ref_bound(&start), hi, want, Some(&mut leaves));
             if self.locking {
                 loop {
                     for (k, _) in &chunk {
@@ -798,7 +803,12 @@ impl Protocol for TwoPl {
                         self.lock(cx, id, next_mode)?;
                     }
                     let tree = &cx.table(slot).inner.tree;
-                    let again = tree.range(as_ref_bound(&start), hi, want);
+                    if leaves.iter().all(|&h| tree.unchanged_since(h)) {
+                        break;
+                    }
+                    leaves.clear();
+                    let again =
+                        tree.range_noting(as_ref_bound(&start), hi, want, Some(&mut leaves));
                     let same = again.len() == chunk.len()
                         && again
                             .iter()
